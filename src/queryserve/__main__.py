@@ -1,0 +1,5 @@
+import sys
+
+from queryserve.cli import main
+
+sys.exit(main())

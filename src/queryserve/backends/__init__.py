@@ -1,0 +1,29 @@
+"""Runtimes behind one small seam: named numpy arrays in, named numpy arrays out.
+
+One file per runtime. A backend instance is used by one thread at a time (its model
+instance), so it needs no locking of its own; the runtime releases the GIL while it computes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from queryserve.config import ModelConfig
+from queryserve.types import Array
+
+
+class Backend(Protocol):
+    input_names: tuple[str, ...]
+
+    def run(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
+
+
+def create_backend(config: ModelConfig, threads: int) -> Backend:
+    """One instance of the model's runtime with `threads` intra-op threads."""
+    if config.backend == "onnxruntime":
+        from queryserve.backends.onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(config, threads)
+    from queryserve.backends.fake import FakeBackend
+
+    return FakeBackend(config)

@@ -1,0 +1,38 @@
+"""ONNX Runtime: the CPU execution provider, or CUDA's when this onnxruntime build has it."""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+
+from queryserve.config import ModelConfig
+from queryserve.errors import ConfigError
+from queryserve.types import Array
+
+
+class OnnxRuntimeBackend:
+    def __init__(self, config: ModelConfig, threads: int) -> None:
+        path = config.path / config.parameter("model_file", "model.onnx")
+        if not path.is_file():
+            raise ConfigError(f"{config.path / 'model.yaml'}: model file {path} does not exist; "
+                              "run `queryserve prepare` to build the default models")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning threads burn the cores that the event loop and the tokenizer need between
+        # batches; on a few cores, yielding them is faster end to end.
+        spin = "1" if config.parameter("allow_spinning", False) else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        providers = ["CPUExecutionProvider"]
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.providers = tuple(self.session.get_providers())
+
+    def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        feeds = {name: inputs[name] for name in self.input_names}
+        values = self.session.run(self.output_names, feeds)
+        return dict(zip(self.output_names, values, strict=True))

@@ -1,0 +1,77 @@
+"""The `queryserve` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from queryserve.errors import QueryServeError
+
+DEFAULT_REPOSITORY = Path("model_repository")
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT, e.g. 127.0.0.1:8000")
+    return host, int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="queryserve", description="Serve Transformer models for search, fast, on CPU.")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve", help="serve a model repository over HTTP (KServe v2, OpenAI embeddings)")
+    serve.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
+                       help="model repository folder (default: %(default)s)")
+    serve.add_argument("--http", type=_address, default=("127.0.0.1", 8000),
+                       metavar="HOST:PORT", help="HTTP address (default: 127.0.0.1:8000)")
+    serve.add_argument("--cores", type=int, default=None,
+                       help="cores the model instances share (default: all this process may "
+                            "use); intra-op threads per instance = cores // instances")
+    serve.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                       help="largest request body accepted (default: %(default)s)")
+    serve.add_argument("--max-items", type=int, default=1024,
+                       help="most texts in one request (default: %(default)s)")
+
+    prepare = commands.add_parser(
+        "prepare", help="build the default models (export to ONNX, quantize, parity-check)")
+    prepare.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
+                         help="model repository folder (default: %(default)s)")
+    prepare.add_argument("--force", action="store_true",
+                         help="rebuild even if the models are already prepared")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            from queryserve.server.app import Limits
+            from queryserve.server.run import ServeOptions, serve
+
+            host, port = args.http
+            serve(ServeOptions(args.repository, host, port, args.cores,
+                               Limits(args.max_body_bytes, args.max_items)))
+        elif args.command == "prepare":
+            from queryserve.prepare import prepare_default_models
+
+            prepare_default_models(args.repository, force=args.force)
+    except QueryServeError as exc:
+        print(f"queryserve: error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Model configuration: `model.yaml` -> frozen, validated settings.
+
+Field names follow Triton's model configuration where Triton has the concept (`max_batch_size`,
+`dynamic_batching`, `instance_group`, `response_cache`, `model_warmup`); queryserve's own additions
+(`max_batch_tokens`, `pipeline`, `parameters`) are documented here. Validation happens once, at
+load: an unknown key or a bad value is a `ConfigError` naming the file, the field, the value and
+what is allowed. Nothing here is mutated afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from queryserve.errors import ConfigError
+from queryserve.types import NUMPY_DTYPES
+
+BACKENDS = ("onnxruntime", "fake")
+PIPELINES = ("text_embedding",)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output. `dims` excludes the batch dimension, as in Triton; -1 is variable."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatching:
+    preferred_batch_size: tuple[int, ...] = ()
+    """Batch sizes cut at once when reachable; other batches wait up to the queue delay."""
+    max_queue_delay_microseconds: int = 0
+    """How long the oldest request may wait for a fuller batch; 0 runs whatever is queued."""
+    max_queue_size: int = 1024
+    """Items waiting beyond this are rejected at once with 503 + Retry-After; 0 is unbounded."""
+    default_timeout_microseconds: int = 0
+    """A queued item older than this fails with a timeout instead of running; 0 never."""
+    max_batch_tokens: int = 16384
+    """Token budget of one batch counting padding (items x longest item), as in TEI."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    count: int = 1
+    """Model instances, each running batches in its own thread with its own session."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCache:
+    enable: bool = False
+    max_entries: int = 65536
+    """LRU capacity in items (one text -> one cached output row)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSample:
+    name: str
+    batch_size: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    path: Path
+    backend: str
+    pipeline: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    dynamic_batching: DynamicBatching = DynamicBatching()
+    instance_group: InstanceGroup = InstanceGroup()
+    response_cache: ResponseCache = ResponseCache()
+    model_warmup: tuple[WarmupSample, ...] = ()
+    parameters: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+    def parameter(self, key: str, default: T) -> T:
+        """A backend parameter, typed like its default."""
+        value = self.parameters.get(key, default)
+        return value if isinstance(value, type(default)) else default
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Read and validate one `model.yaml`; the model's name is its folder's name."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the file ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    return _Reader(path).model(raw if raw is not None else {}, default_name=path.parent.name)
+
+
+class _Reader:
+    """Walks a parsed YAML mapping, checking every field; errors name the file and field."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, where: str, value: object, allowed: str) -> ConfigError:
+        return ConfigError(f"{self.path}: field '{where}' is {value!r}; expected {allowed}")
+
+    def mapping(self, raw: object, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise self.fail(where or "(top level)", raw, "a mapping")
+        unknown = sorted(set(raw) - set(allowed))
+        if unknown:
+            key = f"{where}.{unknown[0]}" if where else str(unknown[0])
+            raise ConfigError(
+                f"{self.path}: unknown field '{key}'; allowed here: {', '.join(allowed)}"
+            )
+        return raw
+
+    def integer(self, raw: object, where: str, low: int, high: int = 2**31) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+            raise self.fail(where, raw, f"an integer from {low} to {high}")
+        return raw
+
+    def choice(self, raw: object, where: str, allowed: tuple[str, ...]) -> str:
+        if raw not in allowed:
+            raise self.fail(where, raw, "one of " + ", ".join(allowed))
+        return str(raw)
+
+    def text(self, raw: object, where: str) -> str:
+        if not isinstance(raw, str) or not raw:
+            raise self.fail(where, raw, "a non-empty string")
+        return raw
+
+    def flag(self, raw: object, where: str) -> bool:
+        if not isinstance(raw, bool):
+            raise self.fail(where, raw, "true or false")
+        return raw
+
+    def items(self, raw: object, where: str) -> list[Any]:
+        if not isinstance(raw, list) or not raw:
+            raise self.fail(where, raw, "a non-empty list")
+        return raw
+
+    def model(self, raw: object, default_name: str) -> ModelConfig:
+        keys = ("name", "backend", "pipeline", "max_batch_size", "input", "output",
+                "dynamic_batching", "instance_group", "response_cache", "model_warmup",
+                "parameters")
+        top = self.mapping(raw, "", keys)
+        name = self.text(top.get("name", default_name), "name")
+        if name != default_name:
+            raise self.fail("name", name, f"the folder's name, {default_name!r}")
+        for required in ("backend", "max_batch_size", "input", "output"):
+            if required not in top:
+                raise ConfigError(f"{self.path}: missing required field '{required}'")
+        max_batch_size = self.integer(top["max_batch_size"], "max_batch_size", 1, 65536)
+        return ModelConfig(
+            name=name,
+            path=self.path.parent,
+            backend=self.choice(top["backend"], "backend", BACKENDS),
+            pipeline=self.choice(top.get("pipeline", "text_embedding"), "pipeline", PIPELINES),
+            max_batch_size=max_batch_size,
+            inputs=self.tensors(top["input"], "input"),
+            outputs=self.tensors(top["output"], "output"),
+            dynamic_batching=self.batching(top.get("dynamic_batching", {}), max_batch_size),
+            instance_group=self.instances(top.get("instance_group", {})),
+            response_cache=self.cache(top.get("response_cache", {})),
+            model_warmup=tuple(
+                self.warmup(item, f"model_warmup[{i}]", max_batch_size)
+                for i, item in enumerate(top.get("model_warmup") or [])
+            ),
+            parameters=self.parameters(top.get("parameters", {})),
+        )
+
+    def tensors(self, raw: object, where: str) -> tuple[TensorSpec, ...]:
+        specs = []
+        for i, item in enumerate(self.items(raw, where)):
+            at = f"{where}[{i}]"
+            fields = self.mapping(item, at, ("name", "datatype", "dims"))
+            dims = self.items(fields.get("dims"), f"{at}.dims")
+            specs.append(TensorSpec(
+                name=self.text(fields.get("name"), f"{at}.name"),
+                datatype=self.choice(fields.get("datatype"), f"{at}.datatype",
+                                     tuple(NUMPY_DTYPES)),
+                dims=tuple(self.integer(d, f"{at}.dims[{j}]", -1) for j, d in enumerate(dims)),
+            ))
+        return tuple(specs)
+
+    def batching(self, raw: object, max_batch_size: int) -> DynamicBatching:
+        where = "dynamic_batching"
+        fields = self.mapping(raw, where, tuple(DynamicBatching.__dataclass_fields__))
+        default = DynamicBatching()
+        preferred = tuple(
+            self.integer(size, f"{where}.preferred_batch_size[{i}]", 1, max_batch_size)
+            for i, size in enumerate(fields.get("preferred_batch_size") or [])
+        )
+        return DynamicBatching(
+            preferred_batch_size=tuple(sorted(set(preferred))),
+            max_queue_delay_microseconds=self.integer(
+                fields.get("max_queue_delay_microseconds", default.max_queue_delay_microseconds),
+                f"{where}.max_queue_delay_microseconds", 0, 10_000_000),
+            max_queue_size=self.integer(
+                fields.get("max_queue_size", default.max_queue_size),
+                f"{where}.max_queue_size", 0),
+            default_timeout_microseconds=self.integer(
+                fields.get("default_timeout_microseconds", default.default_timeout_microseconds),
+                f"{where}.default_timeout_microseconds", 0),
+            max_batch_tokens=self.integer(
+                fields.get("max_batch_tokens", default.max_batch_tokens),
+                f"{where}.max_batch_tokens", 1),
+        )
+
+    def instances(self, raw: object) -> InstanceGroup:
+        fields = self.mapping(raw, "instance_group", ("count",))
+        return InstanceGroup(count=self.integer(fields.get("count", 1), "instance_group.count",
+                                                1, 64))
+
+    def cache(self, raw: object) -> ResponseCache:
+        fields = self.mapping(raw, "response_cache", ("enable", "max_entries"))
+        return ResponseCache(
+            enable=self.flag(fields.get("enable", False), "response_cache.enable"),
+            max_entries=self.integer(fields.get("max_entries", ResponseCache().max_entries),
+                                     "response_cache.max_entries", 1),
+        )
+
+    def warmup(self, raw: object, where: str, max_batch_size: int) -> WarmupSample:
+        fields = self.mapping(raw, where, ("name", "batch_size", "text"))
+        return WarmupSample(
+            name=self.text(fields.get("name"), f"{where}.name"),
+            batch_size=self.integer(fields.get("batch_size", 1), f"{where}.batch_size", 1,
+                                    max_batch_size),
+            text=self.text(fields.get("text"), f"{where}.text"),
+        )
+
+    def parameters(self, raw: object) -> dict[str, str | int | float | bool]:
+        if not isinstance(raw, dict):
+            raise self.fail("parameters", raw, "a mapping of names to scalars")
+        for key, value in raw.items():
+            if not isinstance(value, str | int | float | bool):
+                raise self.fail(f"parameters.{key}", value, "a string, number or boolean")
+        return dict(raw)

@@ -1,0 +1,98 @@
+"""The one error hierarchy, and its one mapping to HTTP status and gRPC code.
+
+Every error a client can see is a `QueryServeError`; the front ends never decide a status
+themselves. Anything else that escapes is a bug: it is logged and answered as a bare 500
+whose message leaks no internals.
+"""
+
+from __future__ import annotations
+
+
+class QueryServeError(Exception):
+    """Base of every error queryserve reports to a client or a user."""
+
+    http_status: int = 500
+    grpc_code: str = "INTERNAL"
+    outcome: str = "error"  # the `outcome` label of the request counter
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(QueryServeError):
+    """The request is malformed: bad JSON, wrong shape or datatype, empty or non-UTF-8 text."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+    outcome = "invalid"
+
+
+class PayloadTooLarge(InvalidInput):
+    """The body is over the server's size limit, or carries more items than allowed."""
+
+    http_status = 413
+
+
+class UnsupportedMediaType(InvalidInput):
+    """A Content-Encoding or Content-Type the server does not read."""
+
+    http_status = 415
+
+
+class NotFound(QueryServeError):
+    """An unknown model, version or route."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+    outcome = "not_found"
+
+
+class MethodNotAllowed(QueryServeError):
+    http_status = 405
+    grpc_code = "UNIMPLEMENTED"
+    outcome = "invalid"
+
+
+class Unavailable(QueryServeError):
+    """The model exists but cannot take the request now (not ready, shutting down)."""
+
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+    outcome = "unavailable"
+
+
+class Overloaded(Unavailable):
+    """The model's queue is full: admission control rejected the request (Triton's answer).
+
+    Clients should back off for `retry_after_s` seconds (sent as Retry-After).
+    """
+
+    outcome = "rejected"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeout(Unavailable):
+    """The request waited in the queue past its timeout and was never run."""
+
+    outcome = "timeout"
+
+
+class ModelFailed(QueryServeError):
+    """The backend raised while running a batch; only that batch's requests see this."""
+
+    outcome = "failed"
+
+
+class ConfigError(QueryServeError):
+    """A model repository file is invalid; the message names the file, field, value and fix."""
+
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class ExportError(QueryServeError):
+    """Preparing a model failed, e.g. an export that misses its accuracy gate."""

@@ -1,0 +1,1 @@
+"""Pipelines: pre-processing -> model -> post-processing, behind one request method each."""

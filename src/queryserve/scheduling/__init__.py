@@ -1,0 +1,1 @@
+"""Queueing, batching and running batches on model instances."""

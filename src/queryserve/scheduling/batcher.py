@@ -1,0 +1,142 @@
+"""The dynamic batcher: a bounded queue and the rule that cuts batches from it.
+
+Pure logic with the time passed in, so it is tested with a fake clock and no sleeps. The
+scheduler calls `cut(now)` whenever an instance is free; the answer is a batch to run now, the
+items that timed out, and when to ask again.
+
+How a batch is cut (Triton's dynamic batcher, plus TEI/Infinity's token budget):
+- Look at a window of the oldest live items, sort it by token count and split it into batches
+  that respect `max_batch_size` and `max_batch_tokens` (items x longest item, so padding
+  counts). Short queries end up together and are not padded to a long one.
+- The batch holding the oldest item goes next, so no item is starved by the sort.
+- It runs at once if it is full (size or token budget reached), if a preferred size can be
+  formed, or when the oldest item has waited `max_queue_delay_microseconds`; otherwise the
+  batcher asks to be woken at that moment.
+Items whose client has gone (their ticket is done: cancelled) are dropped here, before the model
+ever sees them; items past their deadline are returned as expired.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from queryserve.config import DynamicBatching
+from queryserve.errors import Overloaded
+
+P = TypeVar("P")
+
+WINDOW_BATCHES = 4
+"""The sort window is this many full batches: enough to group lengths, cheap to sort."""
+
+
+class Ticket(Protocol):
+    """What the batcher needs of an item's result slot: asyncio.Future satisfies it."""
+
+    def done(self) -> bool: ...
+
+
+@dataclass(eq=False, slots=True)
+class QueuedItem(Generic[P]):
+    payload: P
+    tokens: int
+    enqueued_at: float
+    deadline: float
+    ticket: Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Cut(Generic[P]):
+    batch: list[QueuedItem[P]] = field(default_factory=list)
+    expired: list[QueuedItem[P]] = field(default_factory=list)
+    wake_at: float | None = None
+    """When nothing runs now but items wait: the time at which to cut again."""
+
+
+class DynamicBatcher(Generic[P]):
+    def __init__(self, config: DynamicBatching, max_batch_size: int, model: str = "") -> None:
+        self.config = config
+        self.max_batch_size = max_batch_size
+        self.model = model
+        self._delay_s = config.max_queue_delay_microseconds / 1e6
+        self._queue: deque[QueuedItem[P]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def add(self, items: list[QueuedItem[P]]) -> None:
+        """Queue one request's items, or reject them all when they do not fit (admission
+        control). An empty queue takes a request of any size, so a large one is never starved.
+        """
+        limit = self.config.max_queue_size
+        if limit and self._queue and len(self._queue) + len(items) > limit:
+            raise Overloaded(f"model '{self.model}' is overloaded: its queue holds "
+                             f"{len(self._queue)} of at most {limit} items; retry later")
+        self._queue.extend(items)
+
+    def drain(self) -> list[QueuedItem[P]]:
+        """Empty the queue, returning what waited (on unload)."""
+        items = list(self._queue)
+        self._queue.clear()
+        return items
+
+    def cut(self, now: float) -> Cut[P]:
+        window, expired = self._take_window(now)
+        if not window:
+            return Cut(expired=expired)
+        oldest = window[0]
+        batch, full = self._batch_with(oldest, window)
+        if not full:
+            preferred = [p for p in self.config.preferred_batch_size if p <= len(batch)]
+            if preferred:
+                batch, full = _oldest_first(batch)[: preferred[-1]], True
+        if full or now >= oldest.enqueued_at + self._delay_s:
+            chosen = {id(item) for item in batch}
+            self._queue.extendleft(reversed([i for i in window if id(i) not in chosen]))
+            return Cut(batch=batch, expired=expired)
+        self._queue.extendleft(reversed(window))
+        wake_at = min(oldest.enqueued_at + self._delay_s, min(i.deadline for i in window))
+        return Cut(expired=expired, wake_at=wake_at)
+
+    def _take_window(self, now: float) -> tuple[list[QueuedItem[P]], list[QueuedItem[P]]]:
+        """Pop up to a window of live items, in arrival order; drop gone and expired ones."""
+        size = self.max_batch_size * WINDOW_BATCHES
+        window: list[QueuedItem[P]] = []
+        expired: list[QueuedItem[P]] = []
+        while self._queue and len(window) < size:
+            item = self._queue.popleft()
+            if item.ticket.done():
+                continue  # the client left (or was answered): never run it
+            if now >= item.deadline:
+                expired.append(item)
+            else:
+                window.append(item)
+        return window, expired
+
+    def _batch_with(
+        self, oldest: QueuedItem[P], window: list[QueuedItem[P]]
+    ) -> tuple[list[QueuedItem[P]], bool]:
+        """Split the length-sorted window into batches; return the one holding `oldest`.
+
+        The second value says whether that batch is full: it could not take its next item.
+        """
+        ordered = sorted(window, key=lambda item: item.tokens)
+        more_queued = bool(self._queue)
+        batch: list[QueuedItem[P]] = []
+        for item in ordered:
+            longest = max(item.tokens, batch[-1].tokens if batch else 0)
+            fits = (len(batch) < self.max_batch_size
+                    and (len(batch) + 1) * longest <= self.config.max_batch_tokens)
+            if batch and not fits:
+                if any(i is oldest for i in batch):
+                    return batch, True
+                batch = []
+            batch.append(item)
+            if len(batch) == self.max_batch_size and any(i is oldest for i in batch):
+                return batch, True
+        return batch, more_queued
+
+
+def _oldest_first(batch: list[QueuedItem[P]]) -> list[QueuedItem[P]]:
+    return sorted(batch, key=lambda item: item.enqueued_at)

@@ -1,0 +1,217 @@
+"""The scheduler: one owner of a model's queue, driving its instances.
+
+The step is schedule -> execute -> update. Scheduling runs on the event loop whenever something
+changes (an item arrives, an instance frees up, a batching delay expires): no task of its own,
+no polling. Executing runs the pipeline's three stages (collate -> backend -> split) on a free
+instance's own thread, so the loop keeps accepting requests while the runtime (which releases
+the GIL) computes. Updating resolves the batch's futures back on the loop. A batch that raises
+fails its own items and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future as ThreadFuture
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from queryserve.backends import Backend
+from queryserve.config import DynamicBatching
+from queryserve.errors import ModelFailed, RequestTimeout, Unavailable
+from queryserve.scheduling.batcher import Cut, DynamicBatcher, QueuedItem
+from queryserve.scheduling.stats import ModelStats
+from queryserve.types import Array
+
+log = logging.getLogger(__name__)
+
+P = TypeVar("P")
+R = TypeVar("R")
+P_in = TypeVar("P_in", contravariant=True)
+R_out = TypeVar("R_out", covariant=True)
+Clock = Callable[[], float]
+
+
+class Stages(Protocol[P_in, R_out]):
+    """The pipeline's pre- and post-processing around the backend, run on instance threads."""
+
+    def collate(self, payloads: Sequence[P_in]) -> dict[str, Array]: ...
+
+    def split(self, outputs: dict[str, Array], count: int) -> Sequence[R_out]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A model instance: a backend session and the one thread that runs it."""
+
+    index: int
+    backend: Backend
+    thread: ThreadPoolExecutor
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTimes:
+    input_s: float
+    infer_s: float
+    output_s: float
+
+
+class Scheduler(Generic[P, R]):
+    def __init__(
+        self,
+        model: str,
+        batching: DynamicBatching,
+        max_batch_size: int,
+        backends: Sequence[Backend],
+        stages: Stages[P, R],
+        stats: ModelStats,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        self.model = model
+        self.stages = stages
+        self.stats = stats
+        self.clock = clock
+        self.batcher: DynamicBatcher[P] = DynamicBatcher(batching, max_batch_size, model)
+        self.default_timeout_s = batching.default_timeout_microseconds / 1e6
+        self.instances = [
+            Instance(i, backend, ThreadPoolExecutor(1, thread_name_prefix=f"{model}-{i}"))
+            for i, backend in enumerate(backends)
+        ]
+        self._free = list(reversed(self.instances))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._closed = False
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.batcher)
+
+    def submit(self, payloads: Sequence[P], tokens: Sequence[int],
+               timeout_s: float | None = None) -> list[asyncio.Future[R]]:
+        """Queue one request's items; their futures resolve to one output row each.
+
+        Raises Overloaded when the queue is full: then none of the items is queued.
+        """
+        if self._closed:
+            raise Unavailable(f"model '{self.model}' is unloading")
+        loop = self._loop or self._bind_loop()
+        now = self.clock()
+        timeout_s = timeout_s if timeout_s is not None else self.default_timeout_s
+        deadline = now + timeout_s if timeout_s > 0 else math.inf
+        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in payloads]
+        self.batcher.add([
+            QueuedItem(payload, count, now, deadline, future)
+            for payload, count, future in zip(payloads, tokens, futures, strict=True)
+        ])
+        self._schedule()
+        return futures
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _schedule(self) -> None:
+        """Cut and dispatch batches while an instance is free and a batch is ready."""
+        while self._free and len(self.batcher):
+            cut: Cut[P] = self.batcher.cut(self.clock())
+            self._expire(cut.expired)
+            if not cut.batch:
+                if cut.wake_at is not None:
+                    self._wake_at(cut.wake_at)
+                return
+            self._dispatch(self._free.pop(), cut.batch)
+
+    def _wake_at(self, when: float) -> None:
+        if self._timer is not None and self._timer_at <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._loop is not None
+        delay = max(0.0, when - self.clock())
+        self._timer_at = when
+        self._timer = self._loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        self._schedule()
+
+    def _expire(self, items: list[QueuedItem[P]]) -> None:
+        for item in items:
+            if not item.ticket.done():
+                assert isinstance(item.ticket, asyncio.Future)
+                item.ticket.set_exception(RequestTimeout(
+                    f"model '{self.model}': the request waited in the queue past its timeout"))
+
+    def _dispatch(self, instance: Instance, batch: list[QueuedItem[P]]) -> None:
+        started = self.clock()
+        payloads = [item.payload for item in batch]
+        work = instance.thread.submit(self._execute, instance.backend, payloads)
+        loop = self._loop
+        assert loop is not None
+
+        def done(result: ThreadFuture[tuple[Sequence[R], BatchTimes]]) -> None:
+            loop.call_soon_threadsafe(self._complete, instance, batch, started, result)
+
+        work.add_done_callback(done)
+
+    def _execute(self, backend: Backend, payloads: list[P]) -> tuple[Sequence[R], BatchTimes]:
+        """Runs on the instance's thread."""
+        t0 = time.perf_counter()
+        inputs = self.stages.collate(payloads)
+        t1 = time.perf_counter()
+        outputs = backend.run(inputs)
+        t2 = time.perf_counter()
+        rows = self.stages.split(outputs, len(payloads))
+        t3 = time.perf_counter()
+        return rows, BatchTimes(t1 - t0, t2 - t1, t3 - t2)
+
+    def _complete(self, instance: Instance, batch: list[QueuedItem[P]], started: float,
+                  result: ThreadFuture[tuple[Sequence[R], BatchTimes]]) -> None:
+        """Back on the loop: resolve the batch's futures, free the instance, schedule more."""
+        self._free.append(instance)
+        try:
+            rows, times = result.result()
+        except Exception:
+            log.exception("model '%s' instance %d failed a batch of %d", self.model,
+                          instance.index, len(batch))
+            error = ModelFailed(f"model '{self.model}' failed to run a batch of {len(batch)} "
+                                "items; the server log has the details")
+            for item in batch:
+                if not item.ticket.done():
+                    _future(item).set_exception(error)
+        else:
+            for item, row in zip(batch, rows, strict=True):
+                if not item.ticket.done():
+                    _future(item).set_result(row)
+            self.stats.record_batch(len(batch), [started - item.enqueued_at for item in batch],
+                                    times.input_s, times.infer_s, times.output_s)
+        if not self._closed:
+            self._schedule()
+
+    def run_now(self, payloads: Sequence[P]) -> None:
+        """Run one batch on every instance, synchronously (warmup, before the model is ready)."""
+        for instance in self.instances:
+            instance.thread.submit(self._execute, instance.backend, list(payloads)).result()
+
+    def close(self) -> None:
+        """Stop taking work; fail what still waits; let running batches finish on their own."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        error = Unavailable(f"model '{self.model}' was unloaded before the request ran")
+        for item in self.batcher.drain():
+            if not item.ticket.done():
+                _future(item).set_exception(error)
+        for instance in self.instances:
+            instance.thread.shutdown(wait=False)
+
+
+def _future(item: QueuedItem[Any]) -> asyncio.Future[Any]:
+    assert isinstance(item.ticket, asyncio.Future)
+    return item.ticket
+

@@ -1,0 +1,141 @@
+"""Per-model statistics: the numbers behind `/v2/models/{m}/stats` and `/metrics`.
+
+One object feeds both, so Triton's statistics extension (which perf_analyzer reads for its
+queue / compute breakdown) and Prometheus always agree. Updated only on the event loop's thread,
+so it needs no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass, field
+
+# Seconds; fine at the low end where a CPU query model lives (100 us .. 10 s).
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02,
+    0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+)
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, a sum and a count."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass(slots=True)
+class Duration:
+    """Triton's `{count, ns}` pair."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchDurations:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """Cumulative since the model loaded. Times are seconds in, nanoseconds out (Triton)."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    by_batch_size: dict[int, BatchDurations] = field(default_factory=dict)
+    request_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    queue_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    compute_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
+
+    def record_request(self, outcome: str, seconds: float) -> None:
+        """One client request ended, well or badly; `outcome` labels the counter."""
+        self.outcomes[outcome] += 1
+        if outcome == "success":
+            self.success.add(seconds)
+            self.request_latency.observe(seconds)
+        else:
+            self.fail.add(seconds)
+
+    def record_batch(self, size: int, queue_s: list[float], input_s: float, infer_s: float,
+                     output_s: float) -> None:
+        """A batch ran; `queue_s` holds each item's wait before it."""
+        self.execution_count += 1
+        self.inference_count += size
+        self.last_inference_ms = int(time.time() * 1000)
+        self.batch_size.observe(size)
+        self.compute_latency.observe(input_s + infer_s + output_s)
+        for wait in queue_s:
+            self.queue.add(wait)
+            self.queue_latency.observe(wait)
+        # Triton counts compute per request; spread the batch's time over its items.
+        for total, seconds in ((self.compute_input, input_s), (self.compute_infer, infer_s),
+                               (self.compute_output, output_s)):
+            total.add(seconds, size)
+        per_size = self.by_batch_size.setdefault(size, BatchDurations())
+        per_size.compute_input.add(input_s)
+        per_size.compute_infer.add(infer_s)
+        per_size.compute_output.add(output_s)
+
+    def as_triton_json(self, name: str, version: str) -> dict[str, object]:
+        """The model's entry of Triton's statistics extension (`model_stats[i]`)."""
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_json(),
+                "fail": self.fail.as_json(),
+                "queue": self.queue.as_json(),
+                "compute_input": self.compute_input.as_json(),
+                "compute_infer": self.compute_infer.as_json(),
+                "compute_output": self.compute_output.as_json(),
+                "cache_hit": self.cache_hit.as_json(),
+                "cache_miss": self.cache_miss.as_json(),
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": d.compute_input.as_json(),
+                    "compute_infer": d.compute_infer.as_json(),
+                    "compute_output": d.compute_output.as_json(),
+                }
+                for size, d in sorted(self.by_batch_size.items())
+            ],
+        }

@@ -1,0 +1,257 @@
+"""Routes: the KServe v2 / Triton HTTP API, OpenAI's embeddings route, metrics.
+
+Handlers stay short: parse, call the pipeline, encode. Every error is a `QueryServeError`
+turned into a response in one place (`ServerApp.__call__`) using the error's own status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+
+from queryserve import __version__
+from queryserve.config import ModelConfig, TensorSpec
+from queryserve.errors import (
+    InvalidInput,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    QueryServeError,
+)
+from queryserve.pipelines.text_embedding import decode_texts
+from queryserve.repository import VERSION, Model, ModelRepository
+from queryserve.server import kserve
+from queryserve.server.http import Request, Response, json_error
+from queryserve.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from queryserve.server.metrics import render_metrics
+from queryserve.types import TRITON_DATA_TYPES, Array
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
+_MODEL_ROUTE = re.compile(
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+    r"(?:/(?P<action>ready|config|stats|infer))?$")
+_REPOSITORY_ROUTE = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_items: int = 1024
+    """Items (texts) in one request, across inputs."""
+
+
+def _json(payload: object, status: int = 200) -> Response:
+    return Response(status, orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+class ServerApp:
+    def __init__(self, repository: ModelRepository, limits: Limits = Limits()) -> None:
+        self.repository = repository
+        self.limits = limits
+        self.loading = True  # until the repository's first load is done
+        get: dict[str, Callable[[Request], Awaitable[Response]]] = {
+            "/v2": self.server_metadata,
+            "/v2/health/live": self.live,
+            "/v2/health/ready": self.ready,
+            "/v2/models/stats": self.all_stats,
+            "/metrics": self.metrics,
+        }
+        post: dict[str, Callable[[Request], Awaitable[Response]]] = {
+            "/v1/embeddings": self.openai_embeddings,
+            "/v2/repository/index": self.repository_index,
+        }
+        self.routes = {"GET": get, "POST": post}
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            return await self.route(request)
+        except QueryServeError as exc:
+            response = json_error(exc.http_status, exc.message)
+            if isinstance(exc, Overloaded):
+                response.headers.append(("retry-after", str(exc.retry_after_s)))
+            return response
+        except Exception:
+            log.exception("error answering %s %s", request.method, request.path)
+            return json_error(500, "internal server error")
+
+    async def route(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        handler = self.routes.get(request.method, {}).get(path)
+        if handler is not None:
+            return await handler(request)
+        if match := _MODEL_ROUTE.match(path):
+            return await self.model_route(request, match["model"], match["version"],
+                                          match["action"])
+        if (match := _REPOSITORY_ROUTE.match(path)) and request.method == "POST":
+            return await self.repository_action(match["model"], match["action"])
+        if any(path in routes for routes in self.routes.values()):
+            raise MethodNotAllowed(f"{request.method} is not allowed on {path}")
+        raise NotFound(f"no route {request.method} {path}")
+
+    # -- server -------------------------------------------------------------------------------
+
+    async def server_metadata(self, request: Request) -> Response:
+        return _json({"name": "queryserve", "version": __version__, "extensions": EXTENSIONS})
+
+    async def live(self, request: Request) -> Response:
+        return Response(200)
+
+    async def ready(self, request: Request) -> Response:
+        names = self.repository.names()
+        ready = not self.loading and all(n in self.repository.models for n in names)
+        return Response(200 if ready else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(200, render_metrics(self.repository), METRICS_CONTENT_TYPE)
+
+    async def all_stats(self, request: Request) -> Response:
+        return _json({"model_stats": [m.stats.as_triton_json(m.name, VERSION)
+                                      for m in self.repository.models.values()]})
+
+    async def repository_index(self, request: Request) -> Response:
+        return _json(self.repository.index())
+
+    async def repository_action(self, name: str, action: str) -> Response:
+        loop = asyncio.get_running_loop()
+        if action == "load":
+            await loop.run_in_executor(None, self.repository.load, name)
+        else:
+            self.repository.unload(name)
+        return Response(200)
+
+    # -- models -------------------------------------------------------------------------------
+
+    async def model_route(self, request: Request, name: str, version: str | None,
+                          action: str | None) -> Response:
+        if action == "ready":
+            ready = name in self.repository.models and version in (None, VERSION)
+            return Response(200 if ready else 400 if name in self.repository.names() else 404)
+        model = self.repository.get(name, version)
+        if action == "infer":
+            if request.method != "POST":
+                raise MethodNotAllowed(f"use POST to infer with model '{name}'")
+            return await self.infer(request, model)
+        if request.method != "GET":
+            raise MethodNotAllowed(f"use GET on {request.path}")
+        if action == "config":
+            return _json(triton_config(model.config, model.threads))
+        if action == "stats":
+            return _json({"model_stats": [model.stats.as_triton_json(name, VERSION)]})
+        return _json(model_metadata(model.config))
+
+    async def infer(self, request: Request, model: Model) -> Response:
+        started = time.perf_counter()
+        outcome = "success"
+        try:
+            parsed = kserve.decode_infer_request(request.body, request.headers, model.config)
+            texts = decode_texts(self._items(parsed.inputs[model.config.inputs[0].name]),
+                                 f"input '{model.config.inputs[0].name}'")
+            result = await model.pipeline.infer(texts, parsed.timeout_s)
+            body, header_length = kserve.encode_infer_response(
+                model.config, VERSION, parsed, {model.config.outputs[0].name: result.vectors})
+        except QueryServeError as exc:
+            outcome = exc.outcome
+            raise
+        finally:
+            model.stats.record_request(outcome, time.perf_counter() - started)
+        if header_length is None:
+            return Response(200, body)
+        return Response(200, body, "application/octet-stream",
+                        [(kserve.HEADER_LENGTH, str(header_length))])
+
+    def _items(self, items: list[bytes | str] | Array) -> list[bytes | str]:
+        if len(items) > self.limits.max_items:
+            raise PayloadTooLarge(f"the request has {len(items)} items; at most "
+                                  f"{self.limits.max_items} are allowed per request")
+        return list(items)
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        body = kserve._json(request.body)
+        if not isinstance(body, dict):
+            raise InvalidInput("the body must be a JSON object with 'model' and 'input'")
+        name = body.get("model")
+        if not isinstance(name, str):
+            raise InvalidInput("'model' must name a model, e.g. \"embed\"")
+        model = self.repository.get(name)
+        started = time.perf_counter()
+        outcome = "success"
+        try:
+            raw = body.get("input")
+            if not raw or not isinstance(raw, str | list):
+                raise InvalidInput("'input' must be a non-empty string or list of strings")
+            texts = decode_texts(self._items([raw] if isinstance(raw, str) else raw), "input")
+            encoding = body.get("encoding_format", "float")
+            if encoding not in ("float", "base64"):
+                raise InvalidInput(f"encoding_format {encoding!r} is not supported; use "
+                                   "'float' or 'base64'")
+            dimensions = body.get("dimensions")
+            if dimensions not in (None, model.pipeline.dim):
+                raise InvalidInput(f"model '{name}' returns {model.pipeline.dim} dimensions; "
+                                   f"'dimensions' {dimensions!r} is not supported")
+            result = await model.pipeline.infer(texts)
+        except QueryServeError as exc:
+            outcome = exc.outcome
+            raise
+        finally:
+            model.stats.record_request(outcome, time.perf_counter() - started)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64"
+                 else v}
+                for i, v in enumerate(result.vectors)]
+        return _json({"object": "list", "data": data, "model": name,
+                      "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}})
+
+
+def model_metadata(config: ModelConfig) -> dict[str, object]:
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, object]]:
+        return [{"name": s.name, "datatype": s.datatype, "shape": [-1, *s.dims]} for s in specs]
+
+    return {"name": config.name, "versions": [VERSION], "platform": _platform(config),
+            "inputs": tensors(config.inputs), "outputs": tensors(config.outputs)}
+
+
+def _platform(config: ModelConfig) -> str:
+    return "onnxruntime_onnx" if config.backend == "onnxruntime" else config.backend
+
+
+def triton_config(config: ModelConfig, threads: int) -> dict[str, object]:
+    """The model's configuration in Triton's JSON form (perf_analyzer reads it)."""
+    batching = config.dynamic_batching
+
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, object]]:
+        return [{"name": s.name, "data_type": TRITON_DATA_TYPES[s.datatype], "dims": list(s.dims)}
+                for s in specs]
+
+    return {
+        "name": config.name,
+        "platform": _platform(config),
+        "backend": config.backend,
+        "max_batch_size": config.max_batch_size,
+        "input": tensors(config.inputs),
+        "output": tensors(config.outputs),
+        "dynamic_batching": {
+            "preferred_batch_size": list(batching.preferred_batch_size),
+            "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
+            "default_queue_policy": {
+                "max_queue_size": batching.max_queue_size,
+                "default_timeout_microseconds": batching.default_timeout_microseconds,
+            },
+            "max_batch_tokens": batching.max_batch_tokens,
+        },
+        "instance_group": [{"count": config.instance_group.count, "kind": "KIND_CPU"}],
+        "response_cache": {"enable": config.response_cache.enable},
+        "parameters": {**{k: {"string_value": str(v)} for k, v in config.parameters.items()},
+                       "intra_op_thread_count": {"string_value": str(threads)}},
+        "model_warmup": [{"name": w.name, "batch_size": w.batch_size}
+                         for w in config.model_warmup],
+    }

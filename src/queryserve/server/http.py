@@ -1,0 +1,213 @@
+"""A small HTTP/1.1 server on asyncio + httptools (the parser uvicorn uses).
+
+Why not an ASGI server: the hot path is one short request per query, so every microsecond of
+per-request Python counts on a 2-core machine; and a connection that drops must cancel its
+request's futures so the batcher drops them before the model runs (`connection_lost` does that
+here at no per-request cost). Keep-alive, pipelining (answered in order), `Expect: 100-continue`
+and a body-size limit are handled; anything else a client does wrong gets a 4xx and the
+connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+import orjson
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PIPELINED = 32  # requests parsed ahead of the one being answered before reading pauses
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def json_error(status: int, message: str) -> Response:
+    return Response(status, orjson.dumps({"error": message}))
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parse requests, answer them in order."""
+
+    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.pending: deque[tuple[Request, bool]] = deque()
+        self.rejected = False
+        self.current: asyncio.Task[Response] | None = None
+        self.paused = False
+        self.fatal: Response | None = None  # an error to send once the current answer is out
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.header_bytes = 0
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # The client has gone: cancelling its request cancels the futures it waits on, and
+        # the batcher drops cancelled items before they reach the model.
+        self.transport = None
+        if self.current is not None:
+            self.current.cancel()
+        self.pending.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.rejected:
+            return  # the connection is closing after an error: read nothing more
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._fail(400, f"malformed HTTP request: {exc}")
+
+    # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self._fail(431, "request headers are too large")
+            return
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get("content-length", "0")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            self._fail(413, f"request body of {length} bytes is over the limit of "
+                            f"{self.max_body_bytes} bytes")
+            return
+        if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.max_body_bytes:
+            self._fail(413, f"request body is over the limit of {self.max_body_bytes} bytes")
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.rejected:
+            return
+        parsed = httptools.parse_url(self.url)
+        request = Request(
+            method=self.parser.get_method().decode("ascii"),
+            path=parsed.path.decode("utf-8", "replace"),
+            query=(parsed.query or b"").decode("utf-8", "replace"),
+            headers=self.headers,
+            body=b"".join(self.body),
+        )
+        self.pending.append((request, self.parser.should_keep_alive()))
+        if len(self.pending) > MAX_PIPELINED and self.transport and not self.paused:
+            self.transport.pause_reading()
+            self.paused = True
+        if self.current is None:
+            self._start_next()
+
+    # -- answering ----------------------------------------------------------------------------
+
+    def _start_next(self) -> None:
+        request, keep_alive = self.pending.popleft()
+        task = asyncio.get_running_loop().create_task(self.handler(request))
+        self.current = task
+        task.add_done_callback(lambda done: self._finished(done, keep_alive))
+
+    def _finished(self, task: asyncio.Task[Response], keep_alive: bool) -> None:
+        self.current = None
+        if self.transport is None or task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("unhandled error answering a request", exc_info=exc)
+            response = json_error(500, "internal server error")
+        else:
+            response = task.result()
+        self._write(response, keep_alive)
+        if self.fatal is not None and not self.pending:
+            self._write(self.fatal, keep_alive=False)
+            keep_alive = False
+        if not keep_alive:
+            self._close()
+            return
+        if self.paused and len(self.pending) <= MAX_PIPELINED // 2 and self.transport:
+            self.transport.resume_reading()
+            self.paused = False
+        if self.pending:
+            self._start_next()
+
+    def _write(self, response: Response, keep_alive: bool) -> None:
+        assert self.transport is not None
+        head = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
+            response.status, _REASONS.get(response.status, b"Unknown"),
+            response.content_type.encode(), len(response.body))]
+        for name, value in response.headers:
+            head.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        self.transport.writelines([b"".join(head), response.body])
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answer a request we will not read to the end, then close the connection."""
+        self.rejected = True
+        if self.current is not None:
+            self.fatal = json_error(status, message)
+        elif self.transport is not None:
+            self._write(json_error(status, message), keep_alive=False)
+            self._close()
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+async def start_http_server(handler: Handler, host: str, port: int,
+                            max_body_bytes: int) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: HttpConnection(handler, max_body_bytes), host, port,
+        reuse_address=True, backlog=2048)

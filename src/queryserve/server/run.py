@@ -1,0 +1,62 @@
+"""Run the server: listen, load the repository off the loop, serve until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+
+from queryserve.repository import ModelRepository
+from queryserve.server.app import Limits, ServerApp
+from queryserve.server.http import start_http_server
+
+log = logging.getLogger("queryserve")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    repository: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cores: int | None = None
+    """Cores the models' instances share; threads x instances never exceed it."""
+    limits: Limits = Limits()
+    drain_s: float = 10.0
+    """On SIGINT/SIGTERM, how long requests in flight get to finish."""
+
+
+async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
+    repository = ModelRepository(options.repository)
+    if options.cores is not None:
+        repository.cores = options.cores
+    app = ServerApp(repository, options.limits)
+    server = await start_http_server(app, options.host, options.port,
+                                     options.limits.max_body_bytes)
+    log.info("listening on http://%s:%d (loading models from %s)", options.host, options.port,
+             options.repository)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await loop.run_in_executor(None, repository.load_all)
+    app.loading = False
+    log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
+    if started is not None:
+        started.set()
+    await stop.wait()
+    log.info("shutting down: no new connections; %.0f s for requests in flight",
+             options.drain_s)
+    server.close()
+    try:
+        await asyncio.wait_for(server.wait_closed(), options.drain_s)
+    except TimeoutError:
+        log.warning("requests still in flight after %.0f s were dropped", options.drain_s)
+    repository.close()
+
+
+def serve(options: ServeOptions) -> None:
+    uvloop.run(serve_async(options))
