@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare", help="build the default models (export to ONNX, quantize, parity-check)")
     prepare.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
                          help="model repository folder (default: %(default)s)")
+    prepare.add_argument("--data", type=Path, default=Path("data/massive-en"),
+                         help="MASSIVE utterances for the parity check and calibration "
+                              "(default: %(default)s)")
     prepare.add_argument("--force", action="store_true",
                          help="rebuild even if the models are already prepared")
     return parser
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "prepare":
             from queryserve.prepare import prepare_default_models
 
-            prepare_default_models(args.repository, force=args.force)
+            prepare_default_models(args.repository, args.data, force=args.force)
     except QueryServeError as exc:
         print(f"queryserve: error: {exc.message}", file=sys.stderr)
         return 1

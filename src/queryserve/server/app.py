@@ -162,6 +162,9 @@ class ServerApp:
         except QueryServeError as exc:
             outcome = exc.outcome
             raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the client went away
+            raise
         finally:
             model.stats.record_request(outcome, time.perf_counter() - started)
         if header_length is None:
@@ -201,6 +204,9 @@ class ServerApp:
             result = await model.pipeline.infer(texts)
         except QueryServeError as exc:
             outcome = exc.outcome
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the client went away
             raise
         finally:
             model.stats.record_request(outcome, time.perf_counter() - started)

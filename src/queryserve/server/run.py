@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvloop
@@ -24,7 +24,7 @@ class ServeOptions:
     port: int = 8000
     cores: int | None = None
     """Cores the models' instances share; threads x instances never exceed it."""
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     drain_s: float = 10.0
     """On SIGINT/SIGTERM, how long requests in flight get to finish."""
 

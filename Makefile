@@ -1,0 +1,36 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both bootstrap .venv.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.setup-done
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: setup prepare run test bench lint
+
+setup: $(STAMP)
+
+# torch first, pinned, so nothing later can pull a CUDA build; then the package with -c.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -c constraints.txt -e ".[export,dev]"
+	@# perf_analyzer (bundled in the tritonclient wheel) needs Debian's libb64.
+	@dpkg -s libb64-0d >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null) || \
+		echo "note: install Debian's libb64-0d to run perf_analyzer"; }
+	touch $(STAMP)
+
+prepare: setup
+	$(VENV)/bin/queryserve prepare
+
+run: prepare
+	$(VENV)/bin/queryserve serve --repository model_repository --http 127.0.0.1:8000
+
+test: prepare
+	$(PY) -m pytest
+
+bench: prepare
+	$(PY) benchmarks/run.py
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy

@@ -1,0 +1,163 @@
+"""Scheduling behaviour seen from a real client: a real server on 127.0.0.1 with fake models.
+
+The fake backend stands in for the model (deterministic vectors, a configurable compute time
+and a poison token) so that overload, timeouts, failures and disconnects can be provoked
+cheaply; the server, scheduler and HTTP stack are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.conftest import (
+    RunningServer,
+    minilm_dir,
+    start_server,
+    stop_server,
+    write_fake_model,
+)
+
+POISON = "explode"
+
+
+def poison_token_id() -> int:
+    return int(Tokenizer.from_file(str(minilm_dir() / "tokenizer.json")).encode(POISON).ids[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repository = tmp_path_factory.mktemp("repo")
+    write_fake_model(repository, "fast", cache=True)
+    write_fake_model(repository, "slow", max_batch_size=1, max_queue_size=2, delay_ms=300)
+    write_fake_model(repository, "tight", max_batch_size=1, delay_ms=300, timeout_us=50_000)
+    write_fake_model(repository, "flaky", max_batch_size=1, fail_on=poison_token_id())
+    running = start_server(repository, repository / "server.log")
+    yield running
+    stop_server(running)
+
+
+def infer_body(*texts: str) -> dict[str, object]:
+    return {"inputs": [{"name": "text", "shape": [len(texts), 1], "datatype": "BYTES",
+                        "data": list(texts)}]}
+
+
+def stats(server: RunningServer, model: str) -> dict[str, int]:
+    response = httpx.get(f"{server.url}/v2/models/{model}/stats")
+    return response.json()["model_stats"][0]  # type: ignore[no-any-return]
+
+
+def metric(server: RunningServer, line_prefix: str) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_full_queue_answers_503_with_retry_after(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        responses = await asyncio.gather(*(
+            client.post("/v2/models/slow/infer", json=infer_body(f"query {i}"))
+            for i in range(6)))
+    statuses = sorted(r.status_code for r in responses)
+    # one running + two queued fit; the other three are turned away at once
+    assert statuses == [200, 200, 200, 503, 503, 503]
+    rejected = [r for r in responses if r.status_code == 503]
+    assert all(r.headers["retry-after"] == "1" for r in rejected)
+    assert "overloaded" in rejected[0].json()["error"]
+    assert metric(server, 'queryserve_requests_total{model="slow",outcome="rejected"}') == 3
+
+
+async def test_request_past_its_queue_timeout_is_not_run(server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        first, second = await asyncio.gather(
+            client.post("/v2/models/tight/infer", json=infer_body("runs")),
+            client.post("/v2/models/tight/infer", json=infer_body("waits too long")))
+    assert first.status_code == 200
+    assert second.status_code == 503 and "timeout" in second.json()["error"]
+    assert stats(server, "tight")["inference_count"] == 1
+
+
+def test_a_failing_batch_fails_only_its_own_request(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        bad = client.post("/v2/models/flaky/infer", json=infer_body(f"please {POISON} now"))
+        good = client.post("/v2/models/flaky/infer", json=infer_body("a fine query"))
+    assert bad.status_code == 500
+    assert bad.json() == {"error": "model 'flaky' failed to run a batch of 1 items; the server "
+                                   "log has the details"}
+    assert good.status_code == 200
+    assert "Traceback" not in bad.text
+
+
+def test_request_of_a_client_that_left_is_dropped_before_the_model(
+        server: RunningServer) -> None:
+    before = stats(server, "slow")["inference_count"]
+    body = httpx.Request("POST", "http://x/", json=infer_body("left early")).read()
+    head = (f"POST /v2/models/slow/infer HTTP/1.1\r\nhost: x\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url, timeout=10) as client:
+        # "stays" occupies the single instance for 300 ms; "left early" queues behind it and
+        # its client hangs up before the instance is free.
+        stays = pool.submit(client.post, "/v2/models/slow/infer", json=infer_body("stays"))
+        time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", server.port)) as leaving:
+            leaving.sendall(head + body)
+            time.sleep(0.05)
+        assert stays.result().status_code == 200
+    time.sleep(0.1)
+    assert stats(server, "slow")["inference_count"] == before + 1  # only "stays" ran
+    assert metric(server, 'queryserve_requests_total{model="slow",outcome="cancelled"}') == 1
+
+
+def test_response_cache_answers_repeats(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        first = client.post("/v2/models/fast/infer", json=infer_body("repeat me"))
+        second = client.post("/v2/models/fast/infer", json=infer_body("repeat me"))
+    assert first.json()["outputs"] == second.json()["outputs"]
+    assert metric(server, 'queryserve_cache_hits_total{model="fast"}') == 1
+    assert stats(server, "fast")["inference_count"] == 1
+
+
+def test_pipelined_requests_are_answered_in_order(server: RunningServer) -> None:
+    requests = b""
+    for text in ("first", "second", "third"):
+        body = httpx.Request("POST", "http://x/", json=infer_body(text)).read()
+        requests += (f"POST /v2/models/flaky/infer HTTP/1.1\r\nhost: x\r\n"
+                     f"content-length: {len(body)}\r\n\r\n").encode() + body
+    requests += b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    port = server.port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(requests)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    assert received.count(b"HTTP/1.1 200 OK") == 4
+    assert received.endswith(b"\r\n\r\n")  # the last answer: live, empty body, then close
+
+
+def test_malformed_http_gets_400_and_oversized_headers_431(server: RunningServer) -> None:
+    port = server.port
+    for raw, status in ((b"NOT HTTP AT ALL\r\n\r\n", b"400"),
+                        (b"GET / HTTP/1.1\r\nx: " + b"a" * 70000 + b"\r\n\r\n", b"431")):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(raw)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 " + status)
+
+
+def test_expect_100_continue_is_honoured(server: RunningServer, tmp_path: Path) -> None:
+    port = server.port
+    body = httpx.Request("POST", "http://x/", json=infer_body("x" * 3000)).read()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall((f"POST /v2/models/fast/infer HTTP/1.1\r\nhost: x\r\nexpect: 100-continue"
+                      f"\r\ncontent-length: {len(body)}\r\n\r\n").encode())
+        assert sock.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")

@@ -1,0 +1,64 @@
+"""The real ONNX model through the real pipeline and scheduler, in process (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from queryserve.repository import ModelRepository, threads_per_instance
+from tests.conftest import REPOSITORY
+
+LONG = ("i would like you to find me a song that was played on the radio yesterday morning "
+        "about a long road trip across the country with friends and a dog")
+
+
+@pytest.fixture(scope="module")
+def repository() -> ModelRepository:
+    if not (REPOSITORY / "embed" / "model.onnx").is_file():
+        pytest.fail("the default model is not prepared: run `make prepare` (make test does)")
+    repo = ModelRepository(REPOSITORY, cores=2)
+    repo.load("embed")
+    return repo
+
+
+def embed(repository: ModelRepository, texts: list[str]) -> np.ndarray:
+    pipeline = repository.get("embed").pipeline
+
+    async def run() -> np.ndarray:
+        return (await pipeline.infer(texts)).vectors
+
+    return asyncio.run(run())
+
+
+def test_vectors_are_unit_length_and_distinct(repository: ModelRepository) -> None:
+    vectors = embed(repository, ["play some jazz", "set an alarm for six", "play jazz music"])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    similar, different = vectors[0] @ vectors[2], vectors[0] @ vectors[1]
+    assert similar > 0.7 > different
+
+
+def test_a_query_gets_the_same_vector_alone_or_batched_with_a_long_one(
+        repository: ModelRepository) -> None:
+    alone = embed(repository, ["wake me up at five am"])[0]
+    batched = embed(repository, [LONG, "wake me up at five am", "hi"])[1]
+    # padding must not leak into the pooled vector; only quantization noise may differ
+    assert float(alone @ batched) > 0.995
+
+
+def test_instances_times_threads_never_exceed_the_cores(tmp_path: Path) -> None:
+    assert threads_per_instance(1, 2) == 2
+    assert threads_per_instance(2, 2) == 1
+    assert threads_per_instance(4, 2) == 1  # oversubscribed: warned about, never zero
+    folder = tmp_path / "embed"
+    shutil.copytree(REPOSITORY / "embed", folder,
+                    ignore=shutil.ignore_patterns("variants", "prepare.json"))
+    yaml = (folder / "model.yaml").read_text().replace("count: 1", "count: 2")
+    (folder / "model.yaml").write_text(yaml)
+    repo = ModelRepository(tmp_path, cores=2)
+    model = repo.load("embed")
+    assert model.threads == 1 and len(model.pipeline.scheduler.instances) == 2
+    repo.close()

@@ -1,0 +1,133 @@
+"""The dynamic batcher's cutting rule, with a fake clock (times are plain numbers) and no sleeps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from queryserve.config import DynamicBatching
+from queryserve.errors import Overloaded
+from queryserve.scheduling.batcher import DynamicBatcher, QueuedItem
+
+
+@dataclass
+class FakeTicket:
+    cancelled: bool = False
+
+    def done(self) -> bool:
+        return self.cancelled
+
+
+def item(name: str, tokens: int = 5, at: float = 0.0, deadline: float = math.inf,
+         ticket: FakeTicket | None = None) -> QueuedItem[str]:
+    return QueuedItem(name, tokens, at, deadline, ticket or FakeTicket())
+
+
+def batcher(max_batch_size: int = 4, **config: int | tuple[int, ...]) -> DynamicBatcher[str]:
+    return DynamicBatcher(DynamicBatching(**config), max_batch_size, "m")  # type: ignore[arg-type]
+
+
+def names(items: list[QueuedItem[str]]) -> list[str]:
+    return sorted(i.payload for i in items)
+
+
+def test_empty_queue_cuts_nothing() -> None:
+    cut = batcher().cut(now=0.0)
+    assert cut.batch == [] and cut.wake_at is None
+
+
+def test_zero_delay_runs_whatever_is_queued_at_once() -> None:
+    b = batcher()
+    b.add([item("a")])
+    assert names(b.cut(now=0.0).batch) == ["a"]
+    assert len(b) == 0
+
+
+def test_partial_batch_waits_for_the_delay_then_runs() -> None:
+    b = batcher(max_queue_delay_microseconds=2000)
+    b.add([item("a", at=1.0)])
+    waiting = b.cut(now=1.0005)
+    assert waiting.batch == [] and waiting.wake_at == pytest.approx(1.002)
+    b.add([item("b", at=1.001)])
+    assert names(b.cut(now=1.002).batch) == ["a", "b"]
+
+
+def test_full_batch_runs_without_waiting_and_leaves_the_rest_queued() -> None:
+    b = batcher(max_batch_size=3, max_queue_delay_microseconds=10_000)
+    b.add([item(str(i), at=0.0) for i in range(5)])
+    first = b.cut(now=0.0)
+    assert len(first.batch) == 3 and len(b) == 2
+    assert b.cut(now=0.0).batch == []  # the last two wait for the delay
+
+
+def test_preferred_size_is_cut_as_soon_as_it_can_be_formed() -> None:
+    b = batcher(max_batch_size=8, max_queue_delay_microseconds=10_000, preferred_batch_size=(2,))
+    b.add([item("a", at=0.0)])
+    assert b.cut(now=0.0).batch == []
+    b.add([item("b", at=0.1), item("c", at=0.2)])
+    assert names(b.cut(now=0.2).batch) == ["a", "b"]  # the two oldest
+    assert len(b) == 1
+
+
+def test_token_budget_counts_padding_and_keeps_long_items_apart() -> None:
+    # budget 40: four 5-token queries fit (4 x 5); one 30-token item padded with them would not.
+    b = batcher(max_batch_size=8, max_batch_tokens=40)
+    b.add([item("s1", 5), item("long", 30), item("s2", 5), item("s3", 5)])
+    first = b.cut(now=0.0)
+    assert names(first.batch) == ["s1", "s2", "s3"]
+    assert names(b.cut(now=0.0).batch) == ["long"]
+
+
+def test_length_sorting_never_starves_the_oldest_item() -> None:
+    b = batcher(max_batch_size=2)
+    b.add([item("old-long", 50, at=0.0)] + [item(f"s{i}", 4, at=0.1) for i in range(6)])
+    assert "old-long" in names(b.cut(now=0.2).batch)
+
+
+def test_item_longer_than_the_budget_still_runs_alone() -> None:
+    b = batcher(max_batch_tokens=10)
+    b.add([item("huge", 500)])
+    assert names(b.cut(now=0.0).batch) == ["huge"]
+
+
+def test_items_whose_client_left_are_dropped_before_the_model() -> None:
+    b = batcher()
+    gone = FakeTicket()
+    b.add([item("gone", ticket=gone), item("kept")])
+    gone.cancelled = True
+    cut = b.cut(now=0.0)
+    assert names(cut.batch) == ["kept"] and cut.expired == []
+
+
+def test_items_past_their_deadline_expire_instead_of_running() -> None:
+    b = batcher(max_queue_delay_microseconds=1_000_000)
+    b.add([item("late", at=0.0, deadline=0.5), item("fine", at=0.0, deadline=9.0)])
+    early = b.cut(now=0.1)
+    assert early.batch == [] and early.wake_at == pytest.approx(0.5)
+    cut = b.cut(now=0.6)
+    assert names(cut.expired) == ["late"]
+    assert len(b) == 1
+
+
+def test_full_queue_rejects_a_whole_request() -> None:
+    b = batcher(max_queue_size=3)
+    b.add([item("a"), item("b")])
+    with pytest.raises(Overloaded, match="queue holds 2 of at most 3"):
+        b.add([item("c"), item("d")])
+    assert len(b) == 2  # nothing of the rejected request was queued
+    b.add([item("c")])
+    assert len(b) == 3
+
+
+def test_empty_queue_admits_a_request_larger_than_the_limit() -> None:
+    b = batcher(max_queue_size=2)
+    b.add([item(str(i)) for i in range(5)])
+    assert len(b) == 5
+
+
+def test_drain_returns_everything_queued() -> None:
+    b = batcher()
+    b.add([item("a"), item("b")])
+    assert names(b.drain()) == ["a", "b"] and len(b) == 0

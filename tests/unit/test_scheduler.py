@@ -1,0 +1,126 @@
+"""The scheduler on the event loop with a fake backend: batches form, failures stay contained."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from queryserve.config import DynamicBatching
+from queryserve.errors import ModelFailed, Overloaded, RequestTimeout
+from queryserve.scheduling.scheduler import Scheduler
+from queryserve.scheduling.stats import ModelStats
+from queryserve.types import Array
+
+
+class Doubler:
+    """Stages: payloads are ints, the 'model' doubles them."""
+
+    def collate(self, payloads: Sequence[int]) -> dict[str, Array]:
+        return {"x": np.asarray(payloads)}
+
+    def split(self, outputs: dict[str, Array], count: int) -> Sequence[int]:
+        return [int(v) for v in outputs["y"]]
+
+
+class GatedBackend:
+    """Runs only when the test opens the gate, so a test controls what is queued meanwhile."""
+
+    input_names = ("x",)
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.batches: list[list[int]] = []
+
+    def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        self.gate.wait(timeout=5)
+        batch = [int(v) for v in inputs["x"]]
+        self.batches.append(batch)
+        if 13 in batch:
+            raise RuntimeError("unlucky batch")
+        return {"y": inputs["x"] * 2}
+
+
+def make(backend: GatedBackend, instances: int = 1, **batching: int) -> Scheduler[int, int]:
+    config = DynamicBatching(**batching)  # type: ignore[arg-type]
+    return Scheduler("m", config, 8, [backend] * instances, Doubler(), ModelStats())
+
+
+async def test_requests_queued_while_the_instance_is_busy_run_as_one_batch() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend)
+    first = scheduler.submit([1], [3])
+    rest = [scheduler.submit([v], [3])[0] for v in (2, 3, 4)]
+    backend.gate.set()
+    assert await first[0] == 2
+    assert await asyncio.gather(*rest) == [4, 6, 8]
+    assert backend.batches == [[1], [2, 3, 4]]
+    assert scheduler.stats.execution_count == 2 and scheduler.stats.inference_count == 4
+
+
+async def test_a_failing_batch_fails_only_its_own_requests() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend)
+    busy = scheduler.submit([1], [3])
+    doomed = scheduler.submit([13, 5], [3, 3])  # one batch: [13, 5]
+    backend.gate.set()
+    assert await busy[0] == 2
+    with pytest.raises(ModelFailed, match="failed to run a batch of 2"):
+        await doomed[0]
+    with pytest.raises(ModelFailed):
+        await doomed[1]
+    after = scheduler.submit([6], [3])
+    assert await after[0] == 12  # the instance keeps serving
+
+
+async def test_a_cancelled_request_never_reaches_the_model() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend)
+    busy = scheduler.submit([1], [3])
+    gone = scheduler.submit([7], [3])
+    kept = scheduler.submit([8], [3])
+    gone[0].cancel()  # what a dropped connection does
+    backend.gate.set()
+    await busy[0]
+    assert await kept[0] == 16
+    assert [7] not in backend.batches and all(7 not in b for b in backend.batches)
+
+
+async def test_queue_full_rejects_and_queue_timeout_expires() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend, max_queue_size=2)
+    busy = scheduler.submit([1], [3])  # running: not in the queue
+    waiting = scheduler.submit([2, 3], [3, 3], timeout_s=1e-6)
+    with pytest.raises(Overloaded):
+        scheduler.submit([4], [3])
+    backend.gate.set()
+    await busy[0]
+    for future in waiting:  # 1 us timeout: long gone when the instance frees up
+        with pytest.raises(RequestTimeout):
+            await future
+
+
+async def test_instances_run_batches_concurrently() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend, instances=2)
+    a = scheduler.submit([1], [3])
+    b = scheduler.submit([2], [3])
+    await asyncio.sleep(0)
+    assert scheduler.queue_depth == 0  # both dispatched, one per instance
+    backend.gate.set()
+    assert [await a[0], await b[0]] == [2, 4]
+
+
+async def test_close_fails_what_still_waits() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend)
+    busy = scheduler.submit([1], [3])
+    waiting = scheduler.submit([2], [3])
+    scheduler.close()
+    backend.gate.set()
+    with pytest.raises(Exception, match="unloaded"):
+        await waiting[0]
+    await busy[0]
