@@ -70,14 +70,17 @@ class ModelRepository:
         path = self.root / name / "model.yaml"
         if not path.is_file():
             raise NotFound(f"model '{name}' is not in the repository {self.root}")
-        self.unload(name)
         try:
             model = self._build(load_model_config(path))
         except QueryServeError as exc:
             self.errors[name] = exc.message
             raise
         self.errors.pop(name, None)
+        # Swap, then retire the old one: a reload never leaves the model unavailable.
+        previous = self.models.get(name)
         self.models[name] = model
+        if previous is not None:
+            previous.pipeline.scheduler.close()
         log.info("model '%s' ready: %d instance(s) x %d thread(s), backend %s", name,
                  model.config.instance_group.count, model.threads, model.config.backend)
         return model
@@ -108,6 +111,9 @@ class ModelRepository:
             return model
         if name in self.errors:
             raise Unavailable(f"model '{name}' is not loaded: {self.errors[name]}")
+        if (self.root / name / "model.yaml").is_file():
+            raise Unavailable(f"model '{name}' is not loaded; load it with "
+                              f"POST /v2/repository/models/{name}/load")
         raise NotFound(f"unknown model '{name}'; this server has: "
                        f"{', '.join(sorted(self.models)) or 'no models'}")
 

@@ -161,3 +161,18 @@ def test_expect_100_continue_is_honoured(server: RunningServer, tmp_path: Path) 
         assert sock.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
         sock.sendall(body)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+
+
+def test_repository_unload_and_load(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.post("/v2/repository/models/fast/unload").status_code == 200
+        gone = client.post("/v2/models/fast/infer", json=infer_body("anyone there"))
+        assert gone.status_code == 503 and "is not loaded" in gone.json()["error"]
+        index = {m["name"]: m["state"] for m in client.post("/v2/repository/index").json()}
+        assert index["fast"] == "UNAVAILABLE" and index["slow"] == "READY"
+        assert client.get("/v2/health/ready").status_code == 503
+        assert client.post("/v2/repository/models/fast/load").status_code == 200
+        assert client.post("/v2/models/fast/infer", json=infer_body("back")).status_code == 200
+        assert client.get("/v2/health/ready").status_code == 200
+        missing = client.post("/v2/repository/models/ghost/load")
+        assert missing.status_code == 404

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +18,17 @@ LONG = ("i would like you to find me a song that was played on the radio yesterd
 
 
 @pytest.fixture(scope="module")
-def repository() -> ModelRepository:
+def repository() -> Iterator[ModelRepository]:
     if not (REPOSITORY / "embed" / "model.onnx").is_file():
         pytest.fail("the default model is not prepared: run `make prepare` (make test does)")
     repo = ModelRepository(REPOSITORY, cores=2)
     repo.load("embed")
-    return repo
+    yield repo
+    repo.close()
+
+
+# One loop for the module, as in the server: a scheduler serves the loop it first ran on.
+LOOP = asyncio.new_event_loop()
 
 
 def embed(repository: ModelRepository, texts: list[str]) -> np.ndarray:
@@ -31,7 +37,7 @@ def embed(repository: ModelRepository, texts: list[str]) -> np.ndarray:
     async def run() -> np.ndarray:
         return (await pipeline.infer(texts)).vectors
 
-    return asyncio.run(run())
+    return LOOP.run_until_complete(run())
 
 
 def test_vectors_are_unit_length_and_distinct(repository: ModelRepository) -> None:

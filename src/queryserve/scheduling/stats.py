@@ -102,10 +102,11 @@ class ModelStats:
         for wait in queue_s:
             self.queue.add(wait)
             self.queue_latency.observe(wait)
-        # Triton counts compute per request; spread the batch's time over its items.
+        # As Triton: each request of a batch is charged the batch's whole compute time, so
+        # ns / count is the compute time a request saw (perf_analyzer reads it that way).
         for total, seconds in ((self.compute_input, input_s), (self.compute_infer, infer_s),
                                (self.compute_output, output_s)):
-            total.add(seconds, size)
+            total.add(seconds * size, size)
         per_size = self.by_batch_size.setdefault(size, BatchDurations())
         per_size.compute_input.add(input_s)
         per_size.compute_infer.add(infer_s)
