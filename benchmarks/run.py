@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -55,12 +56,14 @@ class ServerConfig:
     label: str
     instances: int
     delay_us: int
+    max_batch_tokens: int
 
 
 CONFIGS = (
-    ServerConfig("1 instance x 2 threads, no batching delay (default)", 1, 0),
-    ServerConfig("2 instances x 1 thread, no batching delay", 2, 0),
-    ServerConfig("1 instance x 2 threads, 1 ms batching delay", 1, 1000),
+    ServerConfig("default: 2 instances x 1 thread, no delay, 256-token budget", 2, 0, 256),
+    ServerConfig("1 instance x 2 threads", 1, 0, 256),
+    ServerConfig("2 instances x 1 thread, 2.5 ms batching delay", 2, 2500, 256),
+    ServerConfig("2 instances x 1 thread, 8192-token budget", 2, 0, 8192),
 )
 
 
@@ -137,9 +140,10 @@ def queryserve_server(config: ServerConfig, port: int) -> Iterator[subprocess.Po
         for name in ("model.onnx", "tokenizer.json"):
             (folder / name).symlink_to(MODEL_DIR / name)
         yaml = (MODEL_DIR / "model.yaml").read_text()
-        yaml = yaml.replace("count: 1", f"count: {config.instances}")
-        yaml = yaml.replace("max_queue_delay_microseconds: 0",
-                            f"max_queue_delay_microseconds: {config.delay_us}")
+        for field, value in (("count", config.instances),
+                             ("max_queue_delay_microseconds", config.delay_us),
+                             ("max_batch_tokens", config.max_batch_tokens)):
+            yaml = re.sub(rf"^(\s*{field}:) \d+", rf"\1 {value}", yaml, flags=re.M)
         (folder / "model.yaml").write_text(yaml)
         process = subprocess.Popen(
             [sys.executable, "-m", "queryserve", "--log-level", "WARNING", "serve",
