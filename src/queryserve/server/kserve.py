@@ -45,9 +45,9 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
             raise InvalidInput(f"{HEADER_LENGTH} is {header_length!r}, but the body has "
                                f"{len(body)} bytes")
         split = int(header_length)
-        header, binary = _json(body[:split]), memoryview(body)[split:]
+        header, binary = parse_json(body[:split]), memoryview(body)[split:]
     else:
-        header, binary = _json(body), memoryview(b"")
+        header, binary = parse_json(body), memoryview(b"")
     if not isinstance(header, dict):
         raise InvalidInput("the request body must be a JSON object with 'inputs'")
     raw_inputs = header.get("inputs")
@@ -76,7 +76,7 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
     )
 
 
-def _json(data: bytes | memoryview) -> Any:
+def parse_json(data: bytes | memoryview) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
