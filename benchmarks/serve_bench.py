@@ -65,6 +65,7 @@ def _fixed_figures(res: LoadResult) -> dict[str, Any]:
         "p99_ms": res.percentiles.get("p99"),
         "p99.9_ms": res.percentiles.get("p99.9"),
         "failures": res.failures,
+        "send_lag_p99_ms": res.send_lag_ms.get("p99"),
         "client_cpu_us_per_request": round(res.client_cpu_us_per_request, 1),
     }
 
