@@ -143,8 +143,7 @@ class Scheduler(Generic[P, R]):
     def _expire(self, items: list[QueuedItem[P]]) -> None:
         for item in items:
             if not item.ticket.done():
-                assert isinstance(item.ticket, asyncio.Future)
-                item.ticket.set_exception(RequestTimeout(
+                _future(item).set_exception(RequestTimeout(
                     f"model '{self.model}': the request waited in the queue past its timeout"))
 
     def _dispatch(self, instance: Instance, batch: list[QueuedItem[P]]) -> None:
