@@ -11,6 +11,7 @@ fails its own items and nothing else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -222,10 +223,9 @@ def _yield_to_the_event_loop() -> None:
     A batch keeps its core busy for milliseconds; when the event loop wakes to read a request
     or send an answer, it should get a core at once instead of a scheduler timeslice later.
     """
-    try:
+    # Not Linux, or not allowed: the thread runs at normal priority.
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INSTANCE_NICENESS)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
-        pass
 
 
 def _future(item: QueuedItem[Any]) -> asyncio.Future[Any]:
