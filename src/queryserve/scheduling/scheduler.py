@@ -11,11 +11,8 @@ fails its own items and nothing else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
@@ -81,8 +78,7 @@ class Scheduler(Generic[P, R]):
         self.batcher: DynamicBatcher[P] = DynamicBatcher(batching, max_batch_size, model)
         self.default_timeout_s = batching.default_timeout_microseconds / 1e6
         self.instances = [
-            Instance(i, backend, ThreadPoolExecutor(1, thread_name_prefix=f"{model}-{i}",
-                                                    initializer=_yield_to_the_event_loop))
+            Instance(i, backend, ThreadPoolExecutor(1, thread_name_prefix=f"{model}-{i}"))
             for i, backend in enumerate(backends)
         ]
         self._free = list(reversed(self.instances))
@@ -212,20 +208,6 @@ class Scheduler(Generic[P, R]):
                 _future(item).set_exception(error)
         for instance in self.instances:
             instance.thread.shutdown(wait=False)
-
-
-INSTANCE_NICENESS = 5
-
-
-def _yield_to_the_event_loop() -> None:
-    """Lower this instance thread's priority (Linux: per-thread nice).
-
-    A batch keeps its core busy for milliseconds; when the event loop wakes to read a request
-    or send an answer, it should get a core at once instead of a scheduler timeslice later.
-    """
-    # Not Linux, or not allowed: the thread runs at normal priority.
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INSTANCE_NICENESS)
 
 
 def _future(item: QueuedItem[Any]) -> asyncio.Future[Any]:
