@@ -1,8 +1,7 @@
-"""The small shared vocabulary: datatypes and tensors as the KServe v2 protocol names them."""
+"""The small shared vocabulary: datatypes as the KServe v2 protocol and Triton name them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -32,16 +31,3 @@ NUMPY_DTYPES: Final[dict[str, Any]] = {
 TRITON_DATA_TYPES: Final[dict[str, str]] = {
     name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in NUMPY_DTYPES
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """A named tensor of a request or a response."""
-
-    name: str
-    datatype: str
-    data: Array
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.data.shape)

@@ -107,10 +107,13 @@ def test_request_of_a_client_that_left_is_dropped_before_the_model(
         # "stays" occupies the single instance for 300 ms; "left early" queues behind it and
         # its client hangs up before the instance is free.
         stays = pool.submit(client.post, "/v2/models/slow/infer", json=infer_body("stays"))
-        time.sleep(0.05)
+        time.sleep(0.15)  # "stays" is on the instance (it runs 300 ms)
         with socket.create_connection(("127.0.0.1", server.port)) as leaving:
             leaving.sendall(head + body)
-            time.sleep(0.05)
+            deadline = time.monotonic() + 2
+            while (metric(server, 'queryserve_queue_depth{model="slow"}') < 1
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)  # hang up only once "left early" is really queued
         assert stays.result().status_code == 200
     time.sleep(0.1)
     assert stats(server, "slow")["inference_count"] == before + 1  # only "stays" ran
