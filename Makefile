@@ -28,7 +28,9 @@ run: prepare
 test: prepare
 	$(PY) -m pytest
 
+# The peers (Infinity, Ray Serve, PyTriton) install into their own venvs under .peers/ (once).
 bench: prepare
+	$(PY) benchmarks/peers/peers.py install
 	$(PY) benchmarks/run.py
 
 lint: setup

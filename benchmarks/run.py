@@ -1,12 +1,18 @@
-"""`make bench`: measure queryserve side by side with its baselines; write BENCHMARKS.md.
+"""`make bench`: measure queryserve and the systems a user would pick instead; write BENCHMARKS.md.
 
-All in one run on this machine, one measurement at a time:
+Everything in one run on this machine, one measurement at a time, with the project's own tools
+(`queryserve bench`, `queryserve recommend`) so the figures are what a user would measure:
+
 1. in-process engines at batch 1 / 8 / 32: sentence-transformers fp32 (PyTorch) and every ONNX
-   variant that `queryserve prepare` kept, with its parity against sentence-transformers;
-2. the server over HTTP with one query per request (open-loop load from the same cores): the
-   highest rate whose p99 stays <= 10 ms, and p50 / p99 at 100 req/s, for a few batching and
-   instance configurations, with the server's peak RSS;
-3. a plain FastAPI + sentence-transformers endpoint measured the same way.
+   variant `queryserve prepare` kept, with its parity against sentence-transformers;
+2. the served default config over HTTP, one query per request (open loop, load generator on
+   the same cores): max rate at p99 <= 10 ms, p50 / p99 at 100 req/s, peak RSS, and
+   `perf_analyzer` against `queryserve bench` on the same server and load;
+3. `queryserve recommend` for `embed`: the staged sweep, its Pareto front, the winner against
+   the default config;
+4. the peers (benchmarks/peers/: Infinity, FastAPI + sentence-transformers, Ray Serve,
+   PyTriton) and queryserve, each searched at p99 <= 10 / 50 / 1000 ms;
+5. the load generator's own ceiling against a server that answers at once.
 """
 
 from __future__ import annotations
@@ -16,53 +22,35 @@ import datetime
 import json
 import os
 import platform
-import re
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
 
-from serve_bench import (  # noqa: E402
-    ROUTES,
-    encode_bodies,
-    load_queries,
-    measure_server,
-    spawned_baseline,
-    wait_until_answering,
-)
+from perf_analyzer_agreement import compare  # noqa: E402
 
+from queryserve.bench.recommend import peak_rss_mb, serving  # noqa: E402
 from queryserve.optimize.encoder import throughput  # noqa: E402
 from queryserve.prepare import minilm_folder  # noqa: E402
 
 MODEL_DIR = ROOT / "model_repository" / "embed"
 QUERIES = ROOT / "data" / "massive-en" / "test.jsonl"
+OUT = ROOT / "bench-out" / "make-bench"
+QUERYSERVE = str(Path(sys.executable).parent / "queryserve")
 BATCH_SIZES = (1, 8, 32)
+PEERS = "queryserve,infinity-onnx,infinity-onnx-int8,fastapi-st,ray-serve,pytriton"
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    label: str
-    instances: int
-    delay_us: int
-    max_batch_tokens: int
-
-
-CONFIGS = (
-    ServerConfig("default: 2 instances x 1 thread, no delay, 256-token budget", 2, 0, 256),
-    ServerConfig("1 instance x 2 threads", 1, 0, 256),
-)
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def machine() -> str:
@@ -76,6 +64,14 @@ def machine() -> str:
             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
             f"Python {platform.python_version()}, onnxruntime {onnxruntime.__version__}, "
             f"torch {torch.__version__}")
+
+
+def load_queries(limit: int = 0) -> list[str]:
+    texts = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines() if line]
+    return texts[:limit] if limit else texts
+
+
+# -- 1. engines ----------------------------------------------------------------------------
 
 
 def st_throughput(queries: list[str], batch_size: int, seconds: float, repeats: int) -> float:
@@ -106,7 +102,6 @@ def engine_rows(queries: list[str], seconds: float, repeats: int) -> list[dict[s
     for variant in report["variants"]:
         if not variant.get("file"):
             continue
-        path = MODEL_DIR / variant["file"]
         parity = variant["parity"]
         label = f"ONNX Runtime {variant['name']}"
         if variant["name"] == report["chosen"]:
@@ -114,91 +109,124 @@ def engine_rows(queries: list[str], seconds: float, repeats: int) -> list[dict[s
         rows.append({
             "engine": label,
             "parity": f"mean {parity['mean']:.4f}, min {parity['min']:.4f}",
-            **{f"bs{b}": throughput(path, MODEL_DIR / "tokenizer.json", queries, b, seconds,
-                                    repeats=repeats) for b in BATCH_SIZES},
+            **{f"bs{b}": throughput(MODEL_DIR / variant["file"], MODEL_DIR / "tokenizer.json",
+                                    queries, b, seconds, repeats=repeats) for b in BATCH_SIZES},
         })
-        print(f"  {label}: " + ", ".join(f"bs{b} {rows[-1][f'bs{b}']:.0f}/s"
-                                         for b in BATCH_SIZES), flush=True)
+        log(f"  {label}: " + ", ".join(f"bs{b} {rows[-1][f'bs{b}']:.0f}/s" for b in BATCH_SIZES))
     return rows
 
 
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+# -- 2. the default config over HTTP -------------------------------------------------------
 
 
-@contextmanager
-def queryserve_server(config: ServerConfig, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """The default model with one config changed, in a scratch repository."""
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "embed"
-        folder.mkdir()
-        for name in ("model.onnx", "tokenizer.json"):
-            (folder / name).symlink_to(MODEL_DIR / name)
-        yaml = (MODEL_DIR / "model.yaml").read_text()
-        for field, value in (("count", config.instances),
-                             ("max_queue_delay_microseconds", config.delay_us),
-                             ("max_batch_tokens", config.max_batch_tokens)):
-            yaml = re.sub(rf"^(\s*{field}:) \d+", rf"\1 {value}", yaml, flags=re.M)
-        (folder / "model.yaml").write_text(yaml)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "queryserve", "--log-level", "WARNING", "serve",
-             "--repository", scratch, "--http", f"127.0.0.1:{port}"])
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.2)
-            yield process
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+def bench(url: str, *args: str, name: str) -> dict[str, Any]:
+    """One `queryserve bench` run; its results.json."""
+    out = OUT / "bench" / name
+    shutil.rmtree(out, ignore_errors=True)
+    command = [QUERYSERVE, "bench", url, *args, "--out", str(out), "--no-progress"]
+    log("  $ " + " ".join(command[1:]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    (OUT / "bench").mkdir(parents=True, exist_ok=True)
+    (OUT / "bench" / f"{name}.log").write_text(done.stderr + done.stdout)
+    if done.returncode != 0:
+        raise RuntimeError(f"queryserve bench failed:\n{done.stderr[-2000:]}")
+    results: dict[str, Any] = json.loads((out / "results.json").read_text())
+    results["command_shown"] = "queryserve " + " ".join(
+        a.replace(str(OUT), "OUT") for a in command[1:])
+    return results
 
 
-def server_rows(queries: list[str], with_configs: bool) -> list[dict[str, Any]]:
-    rows = []
-    bodies = encode_bodies("kserve", queries)
-    for config in CONFIGS if with_configs else CONFIGS[:1]:
-        print(f"server: {config.label}", flush=True)
-        with queryserve_server(config, 8731) as process:
-            figures = measure_server("http://127.0.0.1:8731", ROUTES["kserve"], bodies)
-            stats = httpx.get("http://127.0.0.1:8731/v2/models/embed/stats").json()
-            rows.append({"server": f"queryserve, {config.label}", **figures,
-                         "rss_mb": peak_rss_mb(process.pid),
-                         "mean_batch": _mean_batch(stats)})
-    print("server: FastAPI + sentence-transformers baseline", flush=True)
-    url = "http://127.0.0.1:8799"
-    openai_bodies = encode_bodies("openai", queries)
-    with spawned_baseline(url) as process:
-        wait_until_answering(url + ROUTES["openai"], openai_bodies[0])
-        figures = measure_server(url, ROUTES["openai"], openai_bodies)
-        rows.append({"server": "FastAPI + sentence-transformers (one encode per request)",
-                     **figures, "rss_mb": peak_rss_mb(process.pid), "mean_batch": 1.0})
-    return rows
+def searched(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The step that set a search's max rate."""
+    step = results["search"].get("step")
+    return None if step is None else dict(results["steps"][step])
 
 
-def _mean_batch(stats: dict[str, Any]) -> float:
-    model = stats["model_stats"][0]
-    return float(model["inference_count"]) / max(1, model["execution_count"])
+def server_figures() -> dict[str, Any]:
+    with serving(ROOT / "model_repository", os.cpu_count() or 2, os.cpu_count() or 2,
+                 OUT / "server.log") as (url, proc):
+        log("server: max rate at p99 <= 10 ms")
+        at_max = bench(url, "--find-max", "--p99-ms", "10", name="max-p99-10ms")
+        log("server: 100 req/s for 10 s")
+        at_100 = bench(url, "--rate", "100", "--duration", "10", name="rate-100")
+        log("server: perf_analyzer and queryserve bench, same server, same load")
+        agreement = [compare(url, "embed", load, 3000, 10.0, 1000)
+                     for load in (("concurrency", 4.0), ("rate", 200.0))]
+        rss = peak_rss_mb(proc.pid)
+    return {"max": at_max, "at_100": at_100, "agreement": agreement, "rss_mb": rss}
 
 
-def render(engines: list[dict[str, Any]], servers: list[dict[str, Any]], command: str,
-           seconds: float) -> str:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+# -- 3. recommend --------------------------------------------------------------------------
+
+
+def recommend() -> tuple[dict[str, Any], str]:
+    out = OUT / "recommend"
+    shutil.rmtree(out, ignore_errors=True)  # fresh figures, not a resumed sweep
+    command = [QUERYSERVE, "recommend", "--p99-ms", "10", "--out", str(out), "--no-progress"]
+    log("recommend: $ " + " ".join(command[1:]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    (OUT / "recommend.log").write_text(done.stderr + done.stdout)
+    if done.returncode != 0:
+        raise RuntimeError(f"queryserve recommend failed:\n{done.stderr[-2000:]}")
+    return json.loads((out / "recommend.json").read_text()), "queryserve " + " ".join(
+        a.replace(str(OUT), "OUT") for a in command[1:])
+
+
+# -- 4. peers ------------------------------------------------------------------------------
+
+
+def peers(names: str) -> dict[str, Any]:
+    out = OUT / "peers"
+    command = [sys.executable, str(HERE / "peers" / "run_peers.py"), "--peers", names,
+               "--out", str(out)]
+    log("peers: $ " + " ".join(command[1:]))
+    subprocess.run(command, check=False)  # a failing peer is a row, not the end of the run
+    report: dict[str, Any] = json.loads((out / "peers.json").read_text())
+    return report
+
+
+# -- 5. the generator's ceiling ------------------------------------------------------------
+
+
+def generator_ceiling() -> dict[str, Any]:
+    """The instant server on core 1, `queryserve bench` on core 0 alone."""
+    server = subprocess.Popen(
+        ["taskset", "-c", "1", sys.executable, "-m", "queryserve.bench.loadgen",
+         "serve-instant", "--port", "0", "--lifetime-s", "300"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        address = server.stdout.readline().split()[1]
+        out = OUT / "bench" / "ceiling"
+        shutil.rmtree(out, ignore_errors=True)
+        command = ["taskset", "-c", "0", QUERYSERVE, "bench", f"http://{address}/x",
+                   "--protocol", "openai", "--rates", "5000,20000,50000", "--duration", "5",
+                   "--out", str(out), "--no-progress"]
+        log("ceiling: $ " + " ".join(command))
+        subprocess.run(command, check=True, capture_output=True)
+        results: dict[str, Any] = json.loads((out / "results.json").read_text())
+        results["command_shown"] = " ".join(command).replace(str(out), "OUT").replace(
+            QUERYSERVE, "queryserve").replace(address, "127.0.0.1:PORT")
+        return results
+    finally:
+        server.kill()
+        server.wait()
+
+
+# -- BENCHMARKS.md -------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _rate(value: float | None) -> str:
+    return "none passed" if not value else f"{value:,.0f}"
+
+
+def render_engines(engines: list[dict[str, Any]], seconds: float) -> list[str]:
     lines = [
-        "# Benchmarks",
-        "",
-        f"Written by `{command}` on {now}.",
-        f"Machine: {machine()}.",
-        "Every figure below comes from that one run; the machine is shared, so compare rows",
-        "with each other rather than with other runs.",
-        "",
-        "## In-process engine: all-MiniLM-L6-v2, real MASSIVE queries, 2 intra-op threads",
+        "## 1. In-process engine: all-MiniLM-L6-v2, real MASSIVE queries, 2 intra-op threads",
         "",
         f"Queries/s (median of rounds of >= {seconds:g} s, tokenization included) over the",
         "first 512 MASSIVE en-US test utterances. Parity: cosine to sentence-transformers over",
@@ -214,68 +242,197 @@ def render(engines: list[dict[str, Any]], servers: list[dict[str, Any]], command
         cells = [f"{row[f'bs{b}']:,.0f} ({row[f'bs{b}'] / base[f'bs{b}']:.1f}x)"
                  for b in BATCH_SIZES]
         lines.append(f"| {row['engine']} | {row['parity']} | " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def render_server(server: dict[str, Any]) -> list[str]:
+    at_max, at_100 = server["max"], server["at_100"]
+    best = searched(at_max) or {}
+    fixed = at_100["steps"][0]
+    lat_best, lat_fixed = best.get("latency_ms", {}), fixed["latency_ms"]
+    srv = fixed.get("server") or {}
+    lines = [
+        "## 2. The served default config over HTTP, one query per request",
         "",
-        "## Server: one query per HTTP request, open-loop load from the same 2 cores",
+        "`model_repository/embed/model.yaml` as shipped, served by `queryserve serve` on both",
+        "cores; the load generator (`queryserve bench`, open loop: latency from each request's",
+        "scheduled send time) shares those cores. The max rate is the highest with p99 <= 10 ms,",
+        "every request answered 200 and >= 95% of the rate achieved (ramp, then bisection; each",
+        "probe the majority of two or three 3 s runs).",
         "",
-        "Load: `queryserve.bench.loadgen` (open loop, latency from the scheduled send time, so a",
-        "slow server cannot hide its tail), KServe v2 JSON for queryserve, OpenAI JSON for the",
-        "baseline, cycling the 2,974 MASSIVE test utterances. Max rate: the highest rate with",
-        "p99 <= 10 ms, no errors and >= 95% of it achieved (ramp, then bisection; each step is",
-        "the majority verdict of two or three 3 s runs, so one VM stall does not decide it).",
-        "Send lag: how late the generator itself sent (its timers on this VM fire up to a few ms",
-        "late); latency counts from the scheduled time, so that lag is inside the p99 figures.",
-        "Mean batch: items / batches in the server's own statistics over the whole run.",
+        "| figure | value | command |",
+        "|---|---|---|",
+        f"| max req/s at p99 <= 10 ms | **{_rate(at_max['search']['max_rate'])}** (p50 "
+        f"{_ms(lat_best.get('p50'))} / p99 {_ms(lat_best.get('p99'))} ms there) | "
+        f"`{at_max['command_shown']}` |",
+        f"| p50 / p99 at 100 req/s, 10 s | {_ms(lat_fixed.get('p50'))} / "
+        f"{_ms(lat_fixed.get('p99'))} ms (server: queue {_ms(srv.get('queue_ms_per_request'))} "
+        f"+ compute {_ms(srv.get('compute_ms_per_request'))} ms per request, mean batch "
+        f"{srv.get('mean_batch')}) | `{at_100['command_shown']}` |",
+        f"| server peak RSS over the whole section | {server['rss_mb']:,.0f} MB | "
+        "`VmHWM` of the server process |",
         "",
-        "| server | max req/s at p99 <= 10 ms | p50 / p99 there (ms) | p50 / p99 at 100 req/s "
-        "(ms) | generator's p99 send lag at 100 req/s (ms) | max sustained req/s (p99 <= 1 s) "
-        "| mean batch | peak RSS (MB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "### perf_analyzer and `queryserve bench` on the same server and load",
+        "",
+        "Same running server, same 1,000 MASSIVE queries (perf_analyzer's `--input-data`), one",
+        "tool after the other; the bar is agreement within 10% on throughput and p99. Commands:",
+        "`python benchmarks/perf_analyzer_agreement.py --concurrency 4` and `--rate 200`, which",
+        "run:",
+        "",
     ]
-    for row in servers:
-        at_max, fixed = row["at_max_rate"], row["at_100_rps"]
-        lines.append(
-            f"| {row['server']} | {row['max_rate_at_p99_10ms']:,.0f} | "
-            f"{_ms(at_max['p50_ms'])} / {_ms(at_max['p99_ms'])} | "
-            f"{_ms(fixed['p50_ms'])} / {_ms(fixed['p99_ms'])} | {_ms(fixed['send_lag_p99_ms'])} | "
-            f"{row['max_sustained_rate']:,.0f} | {row['mean_batch']:.1f} | {row['rss_mb']:,.0f} |")
-    default, baseline = servers[0], servers[-1]
-    if baseline["max_sustained_rate"] > 0:
-        ratio = default["max_rate_at_p99_10ms"] / baseline["max_sustained_rate"]
-        lines += ["", "queryserve (default config) at p99 <= 10 ms against the baseline's best "
-                      f"sustained rate (p99 <= 1 s): {ratio:.1f}x."]
-    return "\n".join(lines) + "\n"
+    for item in server["agreement"]:
+        lines += [f"- `{item['perf_analyzer']['command']}`",
+                  f"- `{item['queryserve_bench']['command']}`"]
+    lines += ["", "| load | tool | req/s | p50 (ms) | p99 (ms) |", "|---|---|---:|---:|---:|"]
+    for item in server["agreement"]:
+        for tool in ("perf_analyzer", "queryserve_bench"):
+            r = item[tool]
+            lines.append(f"| {item['load']} | {tool.replace('_', ' ')} | "
+                         f"{r['throughput']:,.1f} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} |")
+        lines.append(f"| {item['load']} | **ratio** (queryserve bench / perf_analyzer) | "
+                     f"**{item['throughput_ratio']:.3f}** | | **{item['p99_ratio']:.3f}** |")
+    return lines
 
 
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def render_recommend(results: dict[str, Any], command: str) -> list[str]:
+    pct = results["threshold"]["percentile"]
+    lines = [
+        "## 3. `queryserve recommend` for `embed` (p99 <= 10 ms)",
+        "",
+        f"`{command}`: the staged sweep (one knob at a time around the best so far: precision,",
+        "instances x threads, max batch size, max queue delay). Each point is served by its own",
+        "`queryserve serve`, pinned to the cores it uses, and searched like section 2 with 2 s",
+        "runs. `*`: on the Pareto front of max rate against p99 there.",
+        "",
+        f"| point (precision/max batch/delay us/instances x threads) | max req/s at {pct} <= 10 ms"
+        f" | p50 / {pct} there (ms) | peak RSS (MB) | Pareto |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for p in sorted(results["points"], key=lambda p: -(p.get("max_rate") or 0)):
+        lat = p.get("latency_ms") or {}
+        name = p["id"] + (" (default)" if p.get("default") else "") + (
+            " **best**" if p.get("best") else "")
+        rate = "error: " + p["error"] if p.get("error") else _rate(p.get("max_rate"))
+        lines.append(f"| {name} | {rate} | {_ms(lat.get('p50'))} / {_ms(lat.get(pct))} | "
+                     f"{p.get('rss_mb') or 'n/a'} | {'*' if p.get('pareto') else ''} |")
+    points = {p["id"]: p for p in results["points"]}
+    best, default = points.get(results.get("best") or ""), points.get(results["default"])
+    if best and default and default.get("max_rate"):
+        verdict = ("the default config is the best point" if best is default else
+                   f"the winner serves {best['max_rate'] / default['max_rate']:.2f}x the "
+                   "default config's rate")
+        lines += ["", f"Winner: `{best['id']}`, {best['max_rate']:,.0f} req/s; default "
+                      f"`{default['id']}`, {default['max_rate']:,.0f} req/s: {verdict}."]
+    return lines
+
+
+def render_peers(report: dict[str, Any]) -> list[str]:
+    rows = {row["peer"]: row for row in report["peers"]}
+
+    def rate(row: dict[str, Any], p99: str) -> float:
+        search = row.get("searches", {}).get(p99) or {}
+        return float(search.get("max_rate") or 0.0)
+
+    lines = [
+        "## 4. queryserve and its peers, same load, one after another",
+        "",
+        "`python benchmarks/peers/run_peers.py` (started by `make bench`): each server alone on",
+        "127.0.0.1 and the same 2 cores, one query per request, the MASSIVE test utterances,",
+        "three `queryserve bench --find-max` searches each (p99 <= 10, 50 and 1000 ms; the last",
+        "stands for the max throughput). Ray Serve runs in a loopback-only network namespace",
+        "with its load generator. How each peer is installed and configured:",
+        "benchmarks/peers/README.md.",
+        "",
+        report["table"],
+    ]
+    qs = rows.get("queryserve")
+    others = [r for name, r in rows.items() if name != "queryserve" and "error" not in r]
+    if qs and "error" not in qs and others:
+        best_max = max(others, key=lambda r: rate(r, "1000"))
+        best_50 = max(others, key=lambda r: rate(r, "50"))
+        lines += [""]
+        if rate(best_max, "1000"):
+            lines.append(f"- Max throughput: queryserve {rate(qs, '1000'):,.0f} req/s against the "
+                         f"best peer's {rate(best_max, '1000'):,.0f} ({best_max['label']}): "
+                         f"**{rate(qs, '1000') / rate(best_max, '1000'):.1f}x** (target 2x).")
+        if rate(best_50, "50"):
+            lines.append(f"- queryserve at p99 <= 10 ms ({rate(qs, '10'):,.0f} req/s) against the "
+                         f"best peer at p99 <= 50 ms ({rate(best_50, '50'):,.0f}, "
+                         f"{best_50['label']}): **{rate(qs, '10') / rate(best_50, '50'):.1f}x** "
+                         "(target 3x).")
+        fastapi = rows.get("fastapi-st")
+        if fastapi and "error" not in fastapi and rate(fastapi, "1000"):
+            lines.append(f"- queryserve at p99 <= 10 ms against plain FastAPI + "
+                         f"sentence-transformers at its max throughput (p99 <= 1 s): "
+                         f"**{rate(qs, '10') / rate(fastapi, '1000'):.1f}x** (issue 2's target: "
+                         "12x).")
+    return lines
+
+
+def render_ceiling(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "## 5. The load generator's own ceiling",
+        "",
+        "`queryserve bench` alone on core 0 against a server that answers at once on core 1:",
+        f"`{results['command_shown']}` (server: `taskset -c 1 python -m "
+        "queryserve.bench.loadgen serve-instant`).",
+        "",
+        "| target req/s | achieved req/s | p50 / p99 (ms) | generator CPU per request (us) | "
+        "generator's share of its core |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for step in results["steps"]:
+        lat = step["latency_ms"]
+        lines.append(f"| {step['target_rate']:,.0f} | {step['throughput']:,.0f} | "
+                     f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} | "
+                     f"{step['client_cpu_us_per_request']:.1f} | "
+                     f"{step['client_cpu_share']:.0%} |")
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per engine round")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-configs", action="store_true",
-                        help="measure only the default server config")
+    parser.add_argument("--peers", default=PEERS, help="peers to measure (comma-separated)")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (MODEL_DIR / "prepare.json").is_file():
         print("run `queryserve prepare` first (make bench does)", file=sys.stderr)
         return 1
-    queries = load_queries(QUERIES)
-    print("in-process engines", flush=True)
-    engines = engine_rows(queries[:512], args.seconds, args.repeats)
-    servers = server_rows(queries, with_configs=not args.no_configs)
-    command = "make bench" if len(sys.argv) == 1 else "python " + " ".join(
-        [str(Path(sys.argv[0]).relative_to(ROOT)) if Path(sys.argv[0]).is_absolute()
-         else sys.argv[0], *sys.argv[1:]])
+    OUT.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    log("1. in-process engines")
+    engines = engine_rows(load_queries(512), args.seconds, args.repeats)
+    log("2. the default config over HTTP")
+    server = server_figures()
+    log("3. recommend")
+    rec, rec_command = recommend()
+    log("4. peers")
+    peer_report = peers(args.peers)
+    log("5. the load generator's ceiling")
+    ceiling = generator_ceiling()
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmarks", "",
+        f"Written by `make bench` (`python benchmarks/run.py`) on {now}, in "
+        f"{(time.monotonic() - started) / 60:.0f} minutes.",
+        f"Machine: {machine()}.",
+        "Every figure below comes from that one run, one measurement at a time; the machine is",
+        "shared and noisy, so compare rows with each other rather than with other runs.", "",
+        *render_engines(engines, args.seconds), "",
+        *render_server(server), "",
+        *render_recommend(rec, rec_command), "",
+        *render_peers(peer_report), "",
+        *render_ceiling(ceiling), "",
+    ]
     recorded = (HERE / "recorded.md").read_text()
-    args.out.write_text(render(engines, servers, command, args.seconds) + "\n" + recorded)
-    (ROOT / "bench-out").mkdir(exist_ok=True)
-    (ROOT / "bench-out" / "bench.json").write_text(
-        json.dumps({"engines": engines, "servers": servers}, indent=2))
-    print(f"wrote {args.out}")
+    args.out.write_text("\n".join(lines) + "\n" + recorded)
+    (OUT / "bench.json").write_text(json.dumps(
+        {"engines": engines, "server": server, "recommend": rec, "peers": peer_report,
+         "ceiling": ceiling}, indent=1, default=str))
+    log(f"wrote {args.out}")
     return 0
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from queryserve.bench.loadgen import LoadResult, find_max_rate, run_open_loop, run_sync
+from queryserve.bench.loadgen import LoadResult, run_open_loop, run_sync
+from queryserve.bench.search import find_max_rate
 
 HERE = Path(__file__).resolve().parent
 ROUTES = {"kserve": "/v2/models/embed/infer", "openai": "/v1/embeddings"}

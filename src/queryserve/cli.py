@@ -7,6 +7,12 @@ import logging
 import sys
 from pathlib import Path
 
+from queryserve.bench.command import (
+    add_bench_parser,
+    add_recommend_parser,
+    run_bench_command,
+    run_recommend_command,
+)
 from queryserve.errors import QueryServeError
 
 DEFAULT_REPOSITORY = Path("model_repository")
@@ -49,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     prepare.add_argument("--force", action="store_true",
                          help="rebuild even if the models are already prepared")
+    add_bench_parser(commands)
+    add_recommend_parser(commands)
     return parser
 
 
@@ -64,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             host, port = args.http
             serve(ServeOptions(args.repository, host, port, args.cores,
                                Limits(args.max_body_bytes, args.max_items)))
+        elif args.command == "bench":
+            run_bench_command(args)
+        elif args.command == "recommend":
+            run_recommend_command(args)
         elif args.command == "prepare":
             from queryserve.prepare import prepare_default_models
 

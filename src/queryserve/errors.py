@@ -96,3 +96,7 @@ class ConfigError(QueryServeError):
 
 class ExportError(QueryServeError):
     """Preparing a model failed, e.g. an export that misses its accuracy gate."""
+
+
+class BenchError(QueryServeError):
+    """A load test or sweep cannot run: a bad option, a missing queries file, no server."""

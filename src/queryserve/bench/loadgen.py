@@ -31,7 +31,7 @@ from array import array
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -86,6 +86,15 @@ class LoadResult:
     client_cpu_us_per_request: float
     max_pool: int
     histogram: Any = field(repr=False, compare=False)
+    mode: str = "open"  # "open": target_rate is kept; "closed": `users` send back to back
+    users: int | None = None  # closed loop: users at the end of the run
+    wall_s: float = 0.0  # warmup + measured window + drain, for the client's CPU share
+    timeline: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def client_cpu_share(self) -> float:
+        """The generator's CPU time over the run's wall time: near 1.0, it was the bottleneck."""
+        return self.client_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def failures(self) -> int:
@@ -120,6 +129,9 @@ class LoadResult:
             "client_cpu_s": round(self.client_cpu_s, 3),
             "client_cpu_us_per_request": round(self.client_cpu_us_per_request, 2),
             "max_pool": self.max_pool,
+            "mode": self.mode,
+            "users": self.users,
+            "client_cpu_share": round(self.client_cpu_share, 3),
         }
 
 
@@ -145,27 +157,46 @@ def _parse_url(url: str) -> _Target:
 
 
 def build_requests(
-    target: _Target, bodies: Sequence[bytes], headers: dict[str, str] | None
+    target: _Target,
+    bodies: Sequence[bytes],
+    headers: dict[str, str] | None,
+    content_type: str = "application/json",
+    body_headers: Sequence[dict[str, str]] | None = None,
 ) -> list[bytes]:
-    """Pre-encode complete HTTP/1.1 POST requests so sending is one write."""
+    """Pre-encode complete HTTP/1.1 POST requests so sending is one write.
+
+    ``headers`` go on every request; ``body_headers[i]`` only on body ``i`` (the KServe
+    binary extension's header length differs per body).
+    """
     if not bodies:
         raise ValueError("need at least one request body")
+    if body_headers is not None and len(body_headers) != len(bodies):
+        raise ValueError("body_headers needs one entry per body")
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     host = f"{target.host}:{target.port}"
     out = []
-    for body in bodies:
+    for i, body in enumerate(bodies):
+        own = "".join(f"{k}: {v}\r\n" for k, v in body_headers[i].items()) if body_headers else ""
         head = (
             f"POST {target.path} HTTP/1.1\r\nHost: {host}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}{own}\r\n"
         )
         out.append(head.encode("latin-1") + body)
     return out
 
 
+class _Driver(Protocol):
+    """What a connection reports to: the open-loop `_Run` or the closed-loop `_ClosedRun`."""
+
+    def on_connected(self, conn: _Conn) -> None: ...
+    def on_response(self, conn: _Conn, status: int, end_ns: int) -> None: ...
+    def on_lost(self, conn: _Conn) -> None: ...
+
+
 class _Conn(asyncio.Protocol):
     """One keep-alive connection carrying at most one request at a time."""
 
-    def __init__(self, run: _Run) -> None:
+    def __init__(self, run: _Driver) -> None:
         self.run = run
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -209,7 +240,50 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
-class _Run:
+class _Recorder:
+    """Counters of one run's measured window, shared by the open and closed loops.
+
+    Samples go into flat ``array``s during the run (an append costs nanoseconds);
+    histograms and the per-second timeline are built afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.warm_end_ns = 0
+        self.end_ns = 0
+        self.scheduled = 0
+        self.sent = 0
+        self.total_sent = 0
+        self.by_status: dict[int, int] = {}
+        self.errors = 0
+        self.ok_in_window = 0
+        self.latency_ns = array("q")
+        self.ok_end_ns = array("q")  # completion time of each latency_ns sample
+        self.fail_end_ns = array("q")  # when each non-2xx answer or error happened
+        self.send_lag_ns = array("q")
+
+    def record(self, conn: _Conn, status: int, end_ns: int) -> None:
+        ok = 200 <= status < 300
+        if ok and self.warm_end_ns <= end_ns <= self.end_ns:
+            self.ok_in_window += 1
+        if conn.measured:
+            self.by_status[status] = self.by_status.get(status, 0) + 1
+            if ok:
+                self.latency_ns.append(end_ns - conn.start_ns)
+                self.ok_end_ns.append(end_ns)
+            else:
+                self.fail_end_ns.append(end_ns)
+
+    def record_error(self) -> None:
+        self.errors += 1
+        self.fail_end_ns.append(time.perf_counter_ns())
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """One entry per second of the measured window: answers, failures, p50 and p99."""
+        return _timeline(self.latency_ns, self.ok_end_ns, self.fail_end_ns, self.warm_end_ns,
+                         self.end_ns)
+
+
+class _Run(_Recorder):
     """State of one open-loop run: schedule, connection pool and counters."""
 
     def __init__(
@@ -230,6 +304,7 @@ class _Run:
         self.poisson = poisson
         self.rng = random.Random(seed)
         self.max_connections = max_connections
+        super().__init__()
         # Pool: idle connections (LIFO keeps the hot ones busy), all live ones,
         # and connects in progress. Requests that found no idle connection wait
         # in `pending` as (clock start, measured, scheduled time).
@@ -241,22 +316,11 @@ class _Run:
         self.max_pool = 0
         # Schedule, fixed at start().
         self.t0_ns = 0
-        self.warm_end_ns = 0
-        self.end_ns = 0
         self.k = 0
         self.next_ns = 0
         self.scheduling = False
         self.closed = False
         self.drained: asyncio.Future[None] = self.loop.create_future()
-        # Counters (measured window only, except total_sent).
-        self.scheduled = 0
-        self.sent = 0
-        self.total_sent = 0
-        self.by_status: dict[int, int] = {}
-        self.errors = 0
-        self.ok_in_window = 0
-        self.latency_ns = array("q")
-        self.send_lag_ns = array("q")
 
     # -- connections -------------------------------------------------------
 
@@ -277,7 +341,7 @@ class _Run:
         if self.pending:
             _, measured, _ = self.pending.popleft()
             if measured:
-                self.errors += 1
+                self.record_error()
         self._check_drained()
 
     def on_connected(self, conn: _Conn) -> None:
@@ -297,7 +361,7 @@ class _Run:
         if conn.busy:
             conn.busy = False
             if conn.measured:
-                self.errors += 1
+                self.record_error()
         self._maybe_grow()
         self._check_drained()
 
@@ -333,13 +397,7 @@ class _Run:
     # -- responses ---------------------------------------------------------
 
     def on_response(self, conn: _Conn, status: int, end_ns: int) -> None:
-        ok = 200 <= status < 300
-        if ok and self.warm_end_ns <= end_ns <= self.end_ns:
-            self.ok_in_window += 1
-        if conn.measured:
-            self.by_status[status] = self.by_status.get(status, 0) + 1
-            if ok:
-                self.latency_ns.append(end_ns - conn.start_ns)
+        self.record(conn, status, end_ns)
         if conn.parser.should_keep_alive():
             self._give_work(conn, end_ns)
         self._check_drained()
@@ -437,6 +495,36 @@ def _percentiles_ms(hist: Any) -> dict[str, float]:
     return out
 
 
+def _timeline(latency_ns: array[int], ok_end_ns: array[int], fail_end_ns: array[int],
+              start_ns: int, end_ns: int) -> list[dict[str, Any]]:
+    """Per-second buckets of the measured window, by completion time.
+
+    Answers that complete during the drain after the window land in the last bucket(s),
+    so a server that falls behind shows its backlog at the end rather than losing it.
+    """
+    if end_ns <= start_ns:
+        return []
+    lat = np.frombuffer(latency_ns, dtype=np.int64) / 1e6
+    # A request scheduled just inside the window may be sent (and answered) a little early
+    # (see _SLACK_NS): it belongs to the first second, not before it.
+    ok_t = np.maximum((np.frombuffer(ok_end_ns, dtype=np.int64) - start_ns) // _NS, 0)
+    fail_t = np.maximum((np.frombuffer(fail_end_ns, dtype=np.int64) - start_ns) // _NS, 0)
+    seconds = max(int(np.ceil((end_ns - start_ns) / _NS)),
+                  int(ok_t.max()) + 1 if ok_t.size else 0,
+                  int(fail_t.max()) + 1 if fail_t.size else 0)
+    out = []
+    for sec in range(seconds):
+        in_sec = lat[ok_t == sec]
+        out.append({
+            "t_s": float(sec),
+            "ok": int(in_sec.size),
+            "errors": int(np.count_nonzero(fail_t == sec)),
+            "p50_ms": round(float(np.percentile(in_sec, 50)), 3) if in_sec.size else None,
+            "p99_ms": round(float(np.percentile(in_sec, 99)), 3) if in_sec.size else None,
+        })
+    return out
+
+
 async def run_open_loop(
     url: str,
     bodies: list[bytes],
@@ -448,6 +536,8 @@ async def run_open_loop(
     max_connections: int = 64,
     connections: int = 4,
     headers: dict[str, str] | None = None,
+    content_type: str = "application/json",
+    body_headers: Sequence[dict[str, str]] | None = None,
     drain_s: float = 2.0,
     seed: int | None = None,
 ) -> LoadResult:
@@ -462,11 +552,32 @@ async def run_open_loop(
         raise ValueError("rate and duration must be > 0, warmup >= 0")
     target = _parse_url(url)
     run = _Run(
-        target, build_requests(target, bodies, headers), rate, poisson, seed, max_connections
+        target,
+        build_requests(target, bodies, headers, content_type, body_headers),
+        rate,
+        poisson,
+        seed,
+        max_connections,
     )
     for _ in range(min(connections, max_connections)):
         # Fail fast if nothing listens, rather than erroring every request.
         await run.loop.create_connection(lambda: _Conn(run), target.host, target.port)
+    cpu, timeouts, wall = await _drive(run, warmup_s, duration_s, drain_s)
+    return _result(run, url, rate, duration_s, poisson, cpu, timeouts, wall)
+
+
+class _Running(Protocol):
+    drained: asyncio.Future[None]
+
+    def start(self, warmup_s: float, duration_s: float) -> None: ...
+    def unfinished(self) -> int: ...
+    def close_all(self) -> None: ...
+
+
+async def _drive(
+    run: _Running, warmup_s: float, duration_s: float, drain_s: float
+) -> tuple[float, int, float]:
+    """Run to the end of the schedule plus the drain; returns (CPU s, timeouts, wall s)."""
     # A GC pause in the generator would be charged to the server: collect now,
     # freeze survivors and keep the collector off for the (bounded) run.
     gc_was_enabled = gc.isenabled()
@@ -474,6 +585,7 @@ async def run_open_loop(
     gc.freeze()
     gc.disable()
     cpu0 = time.process_time()
+    wall0 = time.perf_counter()
     try:
         run.start(warmup_s, duration_s)
         await asyncio.wait_for(asyncio.shield(run.drained), warmup_s + duration_s + drain_s)
@@ -481,12 +593,27 @@ async def run_open_loop(
         pass
     finally:
         cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
         if gc_was_enabled:
             gc.enable()
         gc.unfreeze()
         timeouts = run.unfinished()
         run.close_all()
+    return cpu, timeouts, wall
+
+
+def _result(
+    run: _Run | _ClosedRun,
+    url: str,
+    rate: float,
+    duration_s: float,
+    poisson: bool,
+    cpu: float,
+    timeouts: int,
+    wall: float,
+) -> LoadResult:
     hist = _histogram_us(run.latency_ns)
+    closed = isinstance(run, _ClosedRun)
     return LoadResult(
         url=url,
         target_rate=rate,
@@ -505,86 +632,165 @@ async def run_open_loop(
         client_cpu_us_per_request=cpu / max(run.total_sent, 1) * 1e6,
         max_pool=run.max_pool,
         histogram=hist,
+        mode="closed" if closed else "open",
+        users=run.users if isinstance(run, _ClosedRun) else None,
+        wall_s=wall,
+        timeline=run.timeline(),
     )
 
 
-def passes(result: LoadResult, p99_ms: float, min_throughput_ratio: float = 0.95) -> bool:
-    """Every request answered 2xx, p99 under the bar, and the rate was kept."""
-    return (
-        result.scheduled > 0
-        and result.failures == 0
-        and result.percentiles.get("p99", float("inf")) <= p99_ms
-        and result.throughput >= min_throughput_ratio * result.target_rate
-    )
+class _ClosedRun(_Recorder):
+    """Closed loop: each user is one connection that sends its next request as soon as the
+    previous one is answered (perf_analyzer's concurrency mode, Locust's users).
 
-
-async def find_max_rate(
-    url: str,
-    bodies: list[bytes],
-    p99_ms: float,
-    *,
-    start_rate: float = 100.0,
-    max_rate: float = 20_000.0,
-    step_duration_s: float = 3.0,
-    warmup_s: float = 0.5,
-    max_runs: int = 10,
-    precision: float = 0.05,
-    log: bool = False,
-    **kwargs: Any,
-) -> tuple[float, LoadResult]:
-    """Highest rate that ``passes`` (exponential ramp, then bisection).
-
-    Each probe is the majority verdict of two or three short open-loop runs.
-    Returns ``(rate, result)`` for the best passing probe, or ``(0.0, first
-    result)`` if even ``start_rate`` fails. ``kwargs`` go to ``run_open_loop``.
+    Latency here is from the real send: a closed loop cannot see coordinated omission, which
+    is why the open loop is the default and this mode exists to compare with tools that work
+    this way and to model a fixed pool of callers. Users start at ``users`` and grow by
+    ``spawn_rate`` per second, as in SageMaker Inference Recommender's traffic phases.
     """
 
-    async def trial(rate: float) -> tuple[bool, LoadResult]:
-        res = await run_open_loop(url, bodies, rate, step_duration_s, warmup_s=warmup_s, **kwargs)
-        ok = passes(res, p99_ms)
-        if log:
-            p99 = res.percentiles.get("p99", float("nan"))
-            print(
-                f"  probe {rate:8.0f}/s -> {res.throughput:8.0f}/s p99 {p99:8.2f} ms "
-                f"failures {res.failures} {'PASS' if ok else 'fail'}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return ok, res
+    def __init__(self, target: _Target, requests: list[bytes], users: int,
+                 spawn_rate: float) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+        self.target = target
+        self.requests = requests
+        self.next_request = 0
+        self.initial_users = users
+        self.spawn_rate = spawn_rate
+        self.users = 0
+        self.conns: set[_Conn] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.max_pool = 0
+        self.sending = False
+        self.closed = False
+        self.drained: asyncio.Future[None] = self.loop.create_future()
 
-    async def probe(rate: float) -> tuple[bool, LoadResult]:
-        """Majority of up to three trials: on a shared machine one stall can push a short
-        run's p99 over the threshold (or luck can keep it under), and the search must not
-        be steered by a single such run."""
-        votes: list[tuple[bool, LoadResult]] = []
-        while sum(ok for ok, _ in votes) < 2 and sum(not ok for ok, _ in votes) < 2:
-            votes.append(await trial(rate))
-        verdict = sum(ok for ok, _ in votes) >= 2
-        return verdict, next(res for ok, res in reversed(votes) if ok == verdict)
+    def start(self, warmup_s: float, duration_s: float) -> None:
+        t0 = time.perf_counter_ns()
+        self.warm_end_ns = t0 + int(warmup_s * _NS)
+        self.end_ns = self.warm_end_ns + int(duration_s * _NS)
+        self.sending = True
+        for _ in range(self.initial_users):
+            self._add_user()
+        if self.spawn_rate > 0:
+            self.loop.call_later(1 / self.spawn_rate, self._spawn)
+        self.loop.call_later((self.end_ns - t0) / _NS, self._stop_sending)
 
-    ok, res = await probe(start_rate)
-    if not ok:
-        return 0.0, res
-    good, good_res, bad, runs = start_rate, res, 0.0, 1
-    # Ramp: double until a probe fails or the cap is reached.
-    while runs < max_runs and good < max_rate:
-        rate = min(good * 2, max_rate)
-        ok, res = await probe(rate)
-        runs += 1
-        if not ok:
-            bad = rate
-            break
-        good, good_res = rate, res
-    # Bisect between the last pass and the first failure.
-    while bad and runs < max_runs and (bad - good) / good > precision:
-        rate = (good + bad) / 2
-        ok, res = await probe(rate)
-        runs += 1
-        if ok:
-            good, good_res = rate, res
-        else:
-            bad = rate
-    return good, good_res
+    def _spawn(self) -> None:
+        if not self.sending:
+            return
+        self._add_user()
+        self.loop.call_later(1 / self.spawn_rate, self._spawn)
+
+    def _add_user(self) -> None:
+        self.users += 1
+        self._connect()
+
+    def _connect(self, delay_s: float = 0.0) -> None:
+        task = self.loop.create_task(self._open(delay_s))
+        self.tasks.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(self.tasks.discard)
+
+    async def _open(self, delay_s: float) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        if not self.sending:
+            return
+        try:
+            await self.loop.create_connection(
+                lambda: _Conn(self), self.target.host, self.target.port)
+        except OSError:
+            # The user stays: count the failure and try again shortly, so a server
+            # that refuses connections shows up as errors, not as a silent stall.
+            if time.perf_counter_ns() >= self.warm_end_ns:
+                self.record_error()
+            self._connect(0.05)
+
+    def on_connected(self, conn: _Conn) -> None:
+        if not self.sending:
+            conn.close()
+            return
+        self.conns.add(conn)
+        self.max_pool = max(self.max_pool, len(self.conns))
+        self._send(conn)
+
+    def _send(self, conn: _Conn) -> None:
+        now = time.perf_counter_ns()
+        measured = now >= self.warm_end_ns
+        request = self.requests[self.next_request]
+        self.next_request = (self.next_request + 1) % len(self.requests)
+        self.total_sent += 1
+        if measured:
+            self.scheduled += 1
+            self.sent += 1
+        conn.send(now, measured, request)
+
+    def on_response(self, conn: _Conn, status: int, end_ns: int) -> None:
+        self.record(conn, status, end_ns)
+        if self.sending and conn.parser.should_keep_alive():
+            self._send(conn)
+        self._check_drained()
+
+    def on_lost(self, conn: _Conn) -> None:
+        if self.closed:
+            return
+        self.conns.discard(conn)
+        if conn.busy:
+            conn.busy = False
+            if conn.measured:
+                self.record_error()
+        if self.sending:
+            self._connect()  # the user goes on with a new connection
+        self._check_drained()
+
+    def _stop_sending(self) -> None:
+        self.sending = False
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.sending or self.drained.done() or any(c.busy for c in self.conns):
+            return
+        self.drained.set_result(None)
+
+    def unfinished(self) -> int:
+        return sum(1 for c in self.conns if c.busy and c.measured)
+
+    def close_all(self) -> None:
+        self.sending = False
+        self.closed = True
+        for task in list(self.tasks):
+            task.cancel()
+        for conn in list(self.conns):
+            conn.close()
+
+
+async def run_closed_loop(
+    url: str,
+    bodies: list[bytes],
+    users: int,
+    duration_s: float,
+    *,
+    spawn_rate: float = 0.0,
+    warmup_s: float = 1.0,
+    headers: dict[str, str] | None = None,
+    content_type: str = "application/json",
+    body_headers: Sequence[dict[str, str]] | None = None,
+    drain_s: float = 2.0,
+) -> LoadResult:
+    """``users`` connections each send back to back for ``warmup_s + duration_s`` seconds,
+    ``spawn_rate`` more users joining per second. ``target_rate`` in the result is 0."""
+    if users < 1 or duration_s <= 0 or warmup_s < 0 or spawn_rate < 0:
+        raise ValueError("users must be >= 1, duration > 0, warmup and spawn rate >= 0")
+    target = _parse_url(url)
+    requests = build_requests(target, bodies, headers, content_type, body_headers)
+    # Fail fast if nothing listens, rather than erroring every request.
+    transport, _ = await asyncio.get_running_loop().create_connection(
+        asyncio.Protocol, target.host, target.port)
+    transport.close()
+    run = _ClosedRun(target, requests, users, spawn_rate)
+    cpu, timeouts, wall = await _drive(run, warmup_s, duration_s, drain_s)
+    return _result(run, url, 0.0, duration_s, False, cpu, timeouts, wall)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -742,6 +948,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(json.dumps(res.summary(), indent=2))
         return 0
+    from queryserve.bench.search import find_max_rate  # the search builds on this module
+
     rate, res = run_sync(
         find_max_rate(
             args.url,

@@ -1,0 +1,124 @@
+"""Does `queryserve bench` agree with Triton's perf_analyzer on the same server and load?
+
+Both tools drive the same running server, one after the other, with the same real queries
+(the MASSIVE test utterances, one per request) and the same load: a closed-loop concurrency
+(`--concurrency`) or a constant request rate (`--rate`); each reports throughput and p99.
+The issue's bar: within 10% on both.
+
+    python benchmarks/perf_analyzer_agreement.py --url http://127.0.0.1:8000 --concurrency 4
+    python benchmarks/perf_analyzer_agreement.py --url http://127.0.0.1:8000 --rate 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+QUERIES = ROOT / "data" / "massive-en" / "test.jsonl"
+
+
+def perf_analyzer_command(host_port: str, model: str, data: Path, load: tuple[str, float],
+                          requests: int) -> list[str]:
+    kind, level = load
+    shape = (["--concurrency-range", f"{level:g}"] if kind == "concurrency"
+             else ["--request-rate-range", f"{level:g}"])
+    # count_windows: the default time-window stabilisation never settles on 2 shared cores.
+    return [str(Path(sys.executable).parent / "perf_analyzer"), "-m", model, "-u", host_port,
+            "-i", "http", "--input-data", str(data), "-b", "1", *shape,
+            "--measurement-mode", "count_windows",
+            "--measurement-request-count", str(requests), "--max-trials", "3",
+            "--stability-percentage", "999", "--percentile", "99"]
+
+
+def _cuda_env() -> dict[str, str]:
+    import nvidia.cuda_runtime  # its lib/ holds the libcudart.so.12 perf_analyzer links to
+
+    lib = Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib"
+    return {**os.environ, "LD_LIBRARY_PATH": str(lib)}
+
+
+def run_perf_analyzer(url: str, model: str, load: tuple[str, float], requests: int,
+                      limit: int) -> dict[str, Any]:
+    texts = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines()][:limit]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "input.json"
+        data.write_text(json.dumps({"data": [{"text": [t]} for t in texts]}))
+        command = perf_analyzer_command(urlsplit(url).netloc, model, data, load, requests)
+        out = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                             env=_cuda_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+    throughput = re.search(r"Throughput: ([\d.]+) infer/sec", out.stdout)
+    p99 = re.search(r"p99 latency: (\d+) usec", out.stdout)
+    p50 = re.search(r"p50 latency: (\d+) usec", out.stdout)
+    if not (throughput and p99 and p50):
+        raise RuntimeError(f"cannot read perf_analyzer's output:\n{out.stdout}")
+    shown = " ".join(command).replace(str(data), "input.json").replace(str(ROOT) + "/", "")
+    return {"command": shown,
+            "throughput": float(throughput.group(1)), "p50_ms": int(p50.group(1)) / 1000,
+            "p99_ms": int(p99.group(1)) / 1000}
+
+
+def run_queryserve_bench(url: str, model: str, load: tuple[str, float], seconds: float,
+                         limit: int) -> dict[str, Any]:
+    kind, level = load
+    shape = (["--phase", f"{level:g}:{seconds:g}"] if kind == "concurrency"
+             else ["--rate", f"{level:g}", "--duration", f"{seconds:g}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        queries = Path(tmp) / "queries.txt"
+        texts = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines()][:limit]
+        queries.write_text("\n".join(texts) + "\n")
+        command = [str(Path(sys.executable).parent / "queryserve"), "bench", url, "--model",
+                   model, "--queries", str(queries), *shape, "--warmup", "1", "--out", tmp,
+                   "--no-progress"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"queryserve bench failed:\n{out.stderr}")
+        step = json.loads((Path(tmp) / "results.json").read_text())["steps"][0]
+    shown = (" ".join(command).replace(str(queries), "queries.txt").replace(tmp, "OUT")
+             .replace(str(ROOT) + "/", ""))
+    return {"command": shown, "throughput": step["throughput"],
+            "p50_ms": step["latency_ms"]["p50"], "p99_ms": step["latency_ms"]["p99"]}
+
+
+def compare(url: str, model: str, load: tuple[str, float], requests: int, seconds: float,
+            limit: int) -> dict[str, Any]:
+    pa = run_perf_analyzer(url, model, load, requests, limit)
+    qs = run_queryserve_bench(url, model, load, seconds, limit)
+    return {
+        "load": f"{load[1]:g} req/s" if load[0] == "rate" else f"concurrency {load[1]:g}",
+        "perf_analyzer": pa, "queryserve_bench": qs,
+        "throughput_ratio": round(qs["throughput"] / pa["throughput"], 3),
+        "p99_ratio": round(qs["p99_ms"] / pa["p99_ms"], 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", default="embed")
+    shape = ap.add_mutually_exclusive_group()
+    shape.add_argument("--concurrency", type=int, default=None, help="closed loop (default 4)")
+    shape.add_argument("--rate", type=float, default=None, help="constant request rate")
+    ap.add_argument("--requests", type=int, default=3000,
+                    help="perf_analyzer's requests per measurement window")
+    ap.add_argument("--seconds", type=float, default=10.0, help="queryserve bench's window")
+    ap.add_argument("--limit", type=int, default=1000, help="queries used by both tools")
+    args = ap.parse_args()
+    load = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency or 4)
+    print(json.dumps(compare(args.url, args.model, load, args.requests, args.seconds,
+                             args.limit), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

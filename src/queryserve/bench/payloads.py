@@ -1,0 +1,97 @@
+"""Request bodies built from real queries, one wire format per protocol.
+
+Bodies are encoded once, before the run, so the load generator only writes bytes. Queries
+come from a file of real text (MASSIVE utterances by default): ``.jsonl`` (one object per
+line; the ``text`` field unless told otherwise) or plain text (one query per line).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from queryserve.errors import BenchError
+
+PROTOCOLS = ("kserve", "kserve-binary", "openai")
+DEFAULT_PATHS = {
+    "kserve": "/v2/models/{model}/infer",
+    "kserve-binary": "/v2/models/{model}/infer",
+    "openai": "/v1/embeddings",
+}
+
+
+@dataclass(frozen=True)
+class Payloads:
+    """Pre-encoded bodies and the headers they need."""
+
+    bodies: list[bytes]
+    content_type: str
+    body_headers: list[dict[str, str]] | None  # per body; None when all share the headers
+    items_per_request: int
+
+
+def read_queries(path: Path, field: str = "text", limit: int = 0) -> list[str]:
+    """The non-empty queries in ``path``; a clear error for a missing file or field."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise BenchError(f"queries file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise BenchError(f"queries file {path} is not UTF-8 text: {exc.reason}") from None
+    queries: list[str] = []
+    jsonl = path.suffix == ".jsonl"
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if jsonl:
+            try:
+                value = json.loads(line).get(field)
+            except (json.JSONDecodeError, AttributeError):
+                raise BenchError(f"{path}:{number} is not a JSON object") from None
+            if not isinstance(value, str):
+                raise BenchError(f"{path}:{number} has no string field {field!r}")
+            line = value
+        if line.strip():
+            queries.append(line.strip())
+        if limit and len(queries) >= limit:
+            break
+    if not queries:
+        raise BenchError(f"queries file {path} holds no queries")
+    return queries
+
+
+def build_payloads(protocol: str, queries: Sequence[str], *, model: str,
+                   items_per_request: int = 1, input_name: str = "text") -> Payloads:
+    """One body per group of ``items_per_request`` consecutive queries (cycling through the
+    list so every body is full)."""
+    if protocol not in PROTOCOLS:
+        raise BenchError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    if items_per_request < 1:
+        raise BenchError("items per request must be >= 1")
+    if not queries:
+        raise BenchError("need at least one query")
+    count = max(1, len(queries) // items_per_request)
+    groups = [[queries[(i * items_per_request + j) % len(queries)]
+               for j in range(items_per_request)] for i in range(count)]
+    if protocol == "openai":
+        bodies = [json.dumps({"model": model, "input": g}).encode() for g in groups]
+        return Payloads(bodies, "application/json", None, items_per_request)
+    if protocol == "kserve":
+        bodies = [json.dumps({"inputs": [{"name": input_name, "shape": [len(g), 1],
+                                          "datatype": "BYTES", "data": g}]}).encode()
+                  for g in groups]
+        return Payloads(bodies, "application/json", None, items_per_request)
+    bodies, headers = [], []
+    for g in groups:
+        blob = b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in g))
+        header = json.dumps({
+            "inputs": [{"name": input_name, "shape": [len(g), 1], "datatype": "BYTES",
+                        "parameters": {"binary_data_size": len(blob)}}],
+            "parameters": {"binary_data_output": True},
+        }).encode()
+        bodies.append(header + blob)
+        headers.append({"Inference-Header-Content-Length": str(len(header))})
+    return Payloads(bodies, "application/octet-stream", headers, items_per_request)

@@ -1,0 +1,425 @@
+"""`queryserve recommend`: find the model configuration that serves the most (or the cheapest)
+queries under a latency bar, by measuring each candidate on a real server.
+
+A point is one configuration: the model file (precision), max batch size, max queue delay
+and instances x intra-op threads. Each point is served from its own small model repository
+(symlinks to the prepared files plus a rewritten `model.yaml`) by a `queryserve serve`
+process pinned to the cores it is given, and measured with the open-loop max-rate search.
+
+By default the sweep is staged, like Model Analyzer's quick search: vary one knob at a time
+around the best point so far (precision, then instances x threads, then max batch size, then
+queue delay), about ten points instead of a full grid of dozens. `--grid full` measures every
+combination. Finished points are kept in `recommend-state.json` in the output folder, so a
+sweep interrupted and run again measures only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from queryserve.bench.bench import StepObserver, cost_per_million, machine, step_record
+from queryserve.bench.loadgen import LoadResult, run_open_loop, run_sync
+from queryserve.bench.pareto import pareto_axes, pareto_front
+from queryserve.bench.payloads import Payloads
+from queryserve.bench.search import Trial, search_max_rate
+from queryserve.errors import BenchError
+
+STATE_FILE = "recommend-state.json"
+READY_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One candidate configuration."""
+
+    precision: str  # a variant name from the model's prepare.json
+    max_batch_size: int
+    max_queue_delay_us: int
+    instances: int
+    threads: int
+
+    @property
+    def id(self) -> str:
+        return (f"{self.precision}/b{self.max_batch_size}/d{self.max_queue_delay_us}/"
+                f"{self.instances}x{self.threads}")
+
+    @property
+    def cores(self) -> int:
+        return self.instances * self.threads
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The values each knob may take; the first point is the model's current configuration."""
+
+    precisions: tuple[str, ...]
+    layouts: tuple[tuple[int, int], ...]  # (instances, threads)
+    max_batch_sizes: tuple[int, ...]
+    delays_us: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What `recommend` measures and how it judges."""
+
+    repository: Path
+    model: str
+    payloads: Payloads
+    threshold_ms: float = 10.0
+    percentile: str = "p99"
+    objective: str = "throughput"  # or "cost"
+    price_per_hour: float | None = None
+    grid: str = "staged"  # or "full"
+    step_duration_s: float = 2.0
+    warmup_s: float = 0.5
+    start_rate: float = 100.0
+    max_rate: float = 20_000.0
+    out_dir: Path = Path("bench-out/recommend")
+    command: str = ""
+    knobs: Knobs | None = None  # None: derived from the model folder
+    total_cores: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+
+
+# -- the model's knobs ---------------------------------------------------------------------
+
+
+def model_files(model_dir: Path) -> dict[str, str]:
+    """Variant name -> model file (relative to the model folder) of every variant that passed
+    its accuracy gate in `queryserve prepare`."""
+    report = model_dir / "prepare.json"
+    try:
+        variants = json.loads(report.read_text())["variants"]
+    except (OSError, ValueError, KeyError):
+        raise BenchError(f"{report} is missing or unreadable: run `queryserve prepare` "
+                         "first") from None
+    return {v["name"]: v["file"] for v in variants if v.get("passed") and v.get("file")}
+
+
+def current_point(config: dict[str, Any], files: dict[str, str], cores: int) -> Point:
+    """The configuration `model.yaml` serves today (the point to beat)."""
+    model_file = str(config.get("parameters", {}).get("model_file", "model.onnx"))
+    precision = next((name for name, f in files.items() if f == model_file), None)
+    if precision is None:
+        raise BenchError(f"model_file {model_file!r} is not one of the prepared variants "
+                         f"({', '.join(files.values())})")
+    instances = int(config.get("instance_group", {}).get("count", 1))
+    return Point(precision, int(config["max_batch_size"]),
+                 int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0)),
+                 instances, max(1, cores // instances))
+
+
+def default_knobs(files: dict[str, str], start: Point, cores: int) -> Knobs:
+    """Every passing precision; each instances x threads layout that fits the cores; batch
+    sizes and delays around the current ones."""
+    layouts = tuple((i, t) for i in range(1, cores + 1) for t in range(1, cores + 1)
+                    if i * t <= cores)
+    batches = tuple(sorted({8, 16, 64, start.max_batch_size}))
+    delays = tuple(sorted({0, 1000, 4000, start.max_queue_delay_us}))
+    return Knobs(tuple(files), layouts, batches, delays)
+
+
+def full_grid(knobs: Knobs) -> list[Point]:
+    return [Point(p, b, d, i, t) for p in knobs.precisions for (i, t) in knobs.layouts
+            for b in knobs.max_batch_sizes for d in knobs.delays_us]
+
+
+def stage_points(stage: int, best: Point, knobs: Knobs) -> list[Point]:
+    """Stage 0 varies the precision around ``best``, 1 the layout, 2 the batch size, 3 the
+    delay."""
+    if stage == 0:
+        return [replace(best, precision=p) for p in knobs.precisions]
+    if stage == 1:
+        return [replace(best, instances=i, threads=t) for i, t in knobs.layouts]
+    if stage == 2:
+        return [replace(best, max_batch_size=b) for b in knobs.max_batch_sizes]
+    return [replace(best, max_queue_delay_us=d) for d in knobs.delays_us]
+
+
+STAGES = ("precision", "instances x threads", "max batch size", "max queue delay")
+
+
+def best_point(points: Sequence[dict[str, Any]], objective: str) -> dict[str, Any] | None:
+    """The winner among measured points: most throughput, or least cost per inference (ties
+    to more throughput); None when nothing passed."""
+    passed = [p for p in points if (p.get("max_rate") or 0) > 0]
+    if not passed:
+        return None
+    if objective == "cost" and all(p.get("cost_per_million") is not None for p in passed):
+        return min(passed, key=lambda p: (p["cost_per_million"], -p["max_rate"]))
+    return max(passed, key=lambda p: p["max_rate"])
+
+
+# -- one point on a real server ------------------------------------------------------------
+
+
+def point_yaml(config: dict[str, Any], point: Point, files: dict[str, str]) -> dict[str, Any]:
+    """The model's config with the point's knobs set (warmup batches capped to fit)."""
+    out: dict[str, Any] = json.loads(json.dumps(config))  # deep copy of plain YAML data
+    out["max_batch_size"] = point.max_batch_size
+    out.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = (
+        point.max_queue_delay_us)
+    out.setdefault("instance_group", {})["count"] = point.instances
+    out.setdefault("parameters", {})["model_file"] = files[point.precision]
+    for sample in out.get("model_warmup") or []:
+        sample["batch_size"] = min(int(sample.get("batch_size", 1)), point.max_batch_size)
+    preferred = out["dynamic_batching"].get("preferred_batch_size")
+    if preferred:
+        out["dynamic_batching"]["preferred_batch_size"] = [
+            b for b in preferred if b <= point.max_batch_size] or [point.max_batch_size]
+    return out
+
+
+def _build_repository(root: Path, model: str, model_dir: Path, config: dict[str, Any]) -> Path:
+    """A repository holding one model: symlinks to the prepared files, its own model.yaml."""
+    folder = root / model
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in model_dir.iterdir():
+        if entry.name == "model.yaml":
+            continue
+        link = folder / entry.name
+        if not link.is_symlink():
+            link.symlink_to(entry.resolve())
+    (folder / "model.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def serving(repository: Path, cores: int, total_cores: int,
+            log_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`queryserve serve` on a free loopback port, pinned to ``cores`` cores, until the block
+    ends; yields (base URL, process) once the model is ready."""
+    port = _free_port()
+    cpus = sorted(os.sched_getaffinity(0))[:cores]
+    command = [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
+               "--http", f"127.0.0.1:{port}", "--cores", str(cores)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT,
+            # The server gets only its own cores, so a 1-core point is charged for one core.
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cores < total_cores else None)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(url, proc, log_path)
+            yield url, proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            raise BenchError("the server exited before it was ready:\n  " + "\n  ".join(tail))
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise BenchError(f"the server at {url} was not ready within {READY_TIMEOUT_S:.0f} s")
+
+
+def measure_point(sweep: Sweep, point: Point, config: dict[str, Any], files: dict[str, str],
+                  observer: StepObserver) -> dict[str, Any]:
+    """Serve the point and search its max rate under the bar; the point's result record."""
+    model_dir = sweep.repository / sweep.model
+    safe = point.id.replace("/", "_")
+    root = _build_repository(sweep.out_dir / "repositories" / safe, sweep.model, model_dir,
+                             point_yaml(config, point, files))
+    record: dict[str, Any] = {"id": point.id, "params": {**asdict(point), "cores": point.cores},
+                              "max_rate": 0.0, "latency_ms": {}, "cost_per_million": None,
+                              "rss_mb": None, "error": None}
+    try:
+        with serving(root, point.cores, sweep.total_cores,
+                     sweep.out_dir / "logs" / f"{safe}.log") as (url, proc):
+            rate, result = _search(sweep, f"{url}/v2/models/{sweep.model}/infer", observer)
+            record["rss_mb"] = peak_rss_mb(proc.pid)
+    except BenchError as exc:
+        record["error"] = exc.message
+        return record
+    if result is not None and rate > 0:
+        inferences = result.throughput * sweep.payloads.items_per_request
+        price = (None if sweep.price_per_hour is None
+                 else sweep.price_per_hour * point.cores / sweep.total_cores)
+        record.update(max_rate=rate,
+                      latency_ms={k: round(v, 3) for k, v in result.percentiles.items()},
+                      cost_per_million=cost_per_million(price, inferences))
+    return record
+
+
+def _search(sweep: Sweep, url: str,
+            observer: StepObserver) -> tuple[float, LoadResult | None]:
+    p = sweep.payloads
+
+    async def measure(rate: float) -> LoadResult:
+        observer.step_started(f"{rate:,.0f} req/s", sweep.warmup_s + sweep.step_duration_s)
+        return await run_open_loop(url, p.bodies, rate, sweep.step_duration_s,
+                                   warmup_s=sweep.warmup_s, content_type=p.content_type,
+                                   body_headers=p.body_headers, max_connections=256)
+
+    def show(trial: Trial) -> None:
+        observer.step_finished(step_record(f"{trial.level:,.0f} req/s", trial.result,
+                                           trial.passed, items_per_request=p.items_per_request))
+
+    rate, result, _ = run_sync(search_max_rate(
+        measure, sweep.threshold_ms, percentile=sweep.percentile, start_rate=sweep.start_rate,
+        max_rate=sweep.max_rate, on_trial=show, precision=0.1))
+    return rate, result
+
+
+# -- the sweep -----------------------------------------------------------------------------
+
+
+def _load_state(path: Path, key: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Points measured by an earlier run with the same judging settings."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if state.get("key") != key:
+        return {}  # other bar, model or queries: those figures do not compare
+    points: dict[str, dict[str, Any]] = state.get("points", {})
+    return points
+
+
+def _save_state(path: Path, key: dict[str, Any], points: dict[str, dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "points": points}, indent=1))
+    tmp.replace(path)  # atomic: an interrupt never leaves a half-written state
+
+
+def run_recommend(sweep: Sweep, observer: StepObserver,
+                  on_point: Callable[[int, int | None, Point, dict[str, Any] | None, bool],
+                                     None]
+                  ) -> dict[str, Any]:
+    """Measure the sweep's points (reusing finished ones) and pick the best.
+
+    ``on_point(i, total, point, record, kept)`` is called before a point runs (record None)
+    and after it (with its record); a point kept from an earlier run gets only the second call,
+    with ``kept`` True. ``total`` is None in a staged sweep, whose length depends on what it
+    finds.
+    """
+    model_dir = sweep.repository / sweep.model
+    try:
+        config = yaml.safe_load((model_dir / "model.yaml").read_text())
+    except OSError:
+        raise BenchError(f"no model {sweep.model!r} in {sweep.repository}") from None
+    files = model_files(model_dir)
+    start = current_point(config, files, sweep.total_cores)
+    knobs = sweep.knobs or default_knobs(files, start, sweep.total_cores)
+    unknown = set(knobs.precisions) - set(files)
+    if unknown:
+        raise BenchError(f"unknown precision {sorted(unknown)}: prepared are {sorted(files)}")
+    if any(i * t > sweep.total_cores for i, t in knobs.layouts):
+        raise BenchError(f"a layout needs more than the {sweep.total_cores} cores available")
+    sweep.out_dir.mkdir(parents=True, exist_ok=True)
+    (sweep.out_dir / "logs").mkdir(exist_ok=True)
+    state_path = sweep.out_dir / STATE_FILE
+    key = {"model": sweep.model, "threshold_ms": sweep.threshold_ms,
+           "percentile": sweep.percentile, "step_duration_s": sweep.step_duration_s,
+           "bodies": len(sweep.payloads.bodies), "price_per_hour": sweep.price_per_hour,
+           "items_per_request": sweep.payloads.items_per_request}
+    done = _load_state(state_path, key)
+    measured: list[Point] = []
+
+    def measure(points: Sequence[Point]) -> None:
+        for point in points:
+            if point in measured:
+                continue
+            measured.append(point)
+            total = None if sweep.grid == "staged" else len(points)
+            kept = point.id in done
+            if not kept:
+                on_point(len(measured), total, point, None, False)
+                done[point.id] = measure_point(sweep, point, config, files, observer)
+                _save_state(state_path, key, done)
+            on_point(len(measured), total, point, done[point.id], kept)
+
+    if sweep.grid == "full":
+        measure([start] + [p for p in full_grid(knobs) if p != start])
+    else:
+        best = start
+        for stage in range(len(STAGES)):
+            measure([best, *stage_points(stage, best, knobs)])
+            winner = best_point([done[p.id] for p in measured], sweep.objective)
+            if winner is not None:
+                best = next(p for p in measured if p.id == winner["id"])
+    return _results(sweep, config, files, [done[p.id] for p in measured], start)
+
+
+def _results(sweep: Sweep, config: dict[str, Any], files: dict[str, str],
+             points: list[dict[str, Any]], start: Point) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "kind": "recommend",
+        "command": sweep.command or shlex.join(sys.argv),
+        "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine(),
+        "model": sweep.model,
+        "objective": sweep.objective,
+        "threshold": {"percentile": sweep.percentile, "ms": sweep.threshold_ms},
+        "price_per_hour": sweep.price_per_hour,
+        "points": points,
+    }
+    maximize, minimize = pareto_axes(results)
+    front = set(pareto_front(points, maximize, minimize))
+    winner = best_point(points, sweep.objective)
+    for p in points:
+        p["pareto"] = p["id"] in front
+        p["best"] = winner is not None and p["id"] == winner["id"]
+        p["default"] = p["id"] == start.id
+    results["best"] = winner["id"] if winner else None
+    results["default"] = start.id
+    if winner is not None:
+        params = winner["params"]
+        point = Point(params["precision"], params["max_batch_size"],
+                      params["max_queue_delay_us"], params["instances"], params["threads"])
+        results["best_model_yaml"] = (
+            f"# Written by `queryserve recommend` on {results['started_at']}: the best point\n"
+            f"# ({sweep.objective}) under {sweep.percentile} <= {sweep.threshold_ms:g} ms, "
+            f"{winner['max_rate']:,.0f} req/s measured. Serve it with --cores {point.cores}.\n"
+            + yaml.safe_dump(point_yaml(config, point, files), sort_keys=False))
+    else:
+        results["best_model_yaml"] = None
+    return results

@@ -1,0 +1,113 @@
+"""`queryserve bench` and `queryserve recommend` as a user runs them, against the real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT, RunningServer, free_port
+
+
+def queryserve(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "queryserve", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_rate_sweep_reports_client_and_server_figures(real_server: RunningServer,
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = queryserve("bench", real_server.url, "--rates", "20,40", "--duration", "1",
+                     "--warmup", "0.3", "--price-per-hour", "0.36", "--out", str(out),
+                     "--no-progress")
+    assert run.returncode == 0, run.stderr
+    results = json.loads((out / "results.json").read_text())
+    steps = results["steps"]
+    assert [s["target_rate"] for s in steps] == [20, 40]
+    for step in steps:
+        ok = step["by_status"]["200"]
+        assert ok == step["target_rate"]  # every scheduled request answered
+        assert 0.8 * step["target_rate"] <= step["throughput"] <= 1.2 * step["target_rate"]
+        assert 0 < step["latency_ms"]["p50"] <= step["latency_ms"]["p99"]
+        server = step["server"]  # read from the server's own /stats around the step
+        assert server["requests"] >= ok and server["mean_batch"] >= 1
+        assert server["compute_ms_per_request"] > 0
+        # $0.36 an hour = $0.0001 a second, over `throughput` inferences a second
+        expected = 0.36 / (step["inferences_per_s"] * 3600) * 1e6
+        assert abs(step["cost_per_million"] - expected) < 1e-3
+    for name in ("results.csv", "report.html", "latency_over_time.png",
+                 "latency_vs_throughput.png", "batch_sizes.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "40 req/s" in run.stdout  # the summary table
+
+
+def test_closed_loop_phases_over_the_binary_protocol(real_server: RunningServer,
+                                                     tmp_path: Path) -> None:
+    run = queryserve("bench", real_server.url, "--protocol", "kserve-binary",
+                     "--items-per-request", "4", "--phase", "1:1", "--phase", "1:2:1",
+                     "--warmup", "0.2", "--out", str(tmp_path), "--no-progress")
+    assert run.returncode == 0, run.stderr
+    steps = json.loads((tmp_path / "results.json").read_text())["steps"]
+    assert [s["mode"] for s in steps] == ["closed", "closed"]
+    assert steps[0]["users"] == 1 and steps[1]["users"] >= 2  # the second phase spawned users
+    for step in steps:
+        assert step["errors"] == 0 and set(step["by_status"]) == {"200"}
+        assert step["inferences_per_s"] == 4 * step["throughput"]
+        assert step["server"]["inferences"] == 4 * step["server"]["requests"]
+
+
+def test_find_max_on_the_openai_route(real_server: RunningServer, tmp_path: Path) -> None:
+    run = queryserve("bench", real_server.url, "--protocol", "openai", "--find-max",
+                     "--p99-ms", "1000", "--start-rate", "20", "--max-rate", "40",
+                     "--duration", "0.5", "--warmup", "0.2", "--out", str(tmp_path),
+                     "--no-progress")
+    assert run.returncode == 0, run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["url"].endswith("/v1/embeddings")
+    search = results["search"]
+    assert search["max_rate"] == 40  # a real model at 40 req/s is far under a 1 s p99
+    assert results["steps"][search["step"]]["target_rate"] == 40
+    assert "max rate with p99 <= 1000 ms: 40 req/s" in run.stdout
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    run = queryserve("bench", nobody, "--rate", "10", "--duration", "0.5", "--out",
+                     str(tmp_path))
+    assert run.returncode == 1 and "cannot reach" in run.stderr
+    assert "Traceback" not in run.stderr
+    run = queryserve("bench", nobody, "--queries", str(tmp_path / "none.jsonl"))
+    assert run.returncode == 1 and "does not exist" in run.stderr
+    run = queryserve("bench", "http://example.com:80", "--rate", "10")
+    assert run.returncode == 1 and "loopback" in run.stderr
+    run = queryserve("bench", nobody, "--phase", "0:5")
+    assert run.returncode == 2 and "users >= 1" in run.stderr
+
+
+def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path) -> None:
+    args = ("recommend", "--precisions", "int8-smoothquant-fused", "--layouts", "1x1,2x1",
+            "--max-batch-sizes", "64", "--delays-us", "0", "--p99-ms", "1000",
+            "--start-rate", "20", "--max-rate", "40", "--step-duration", "0.5",
+            "--out", str(tmp_path), "--no-progress")
+    run = queryserve(*args)
+    assert run.returncode == 0, run.stderr
+    results = json.loads((tmp_path / "recommend.json").read_text())
+    points = {p["id"]: p for p in results["points"]}
+    assert set(points) == {"int8-smoothquant-fused/b64/d0/2x1",
+                           "int8-smoothquant-fused/b64/d0/1x1"}
+    assert all(p["max_rate"] == 40 and p["error"] is None for p in points.values())
+    assert all(p["rss_mb"] and p["rss_mb"] > 50 for p in points.values())
+    assert results["default"] == "int8-smoothquant-fused/b64/d0/2x1"
+    assert sum(p["best"] for p in points.values()) == 1
+    assert any(p["pareto"] for p in points.values())
+    best_yaml = (tmp_path / "model.yaml").read_text()
+    assert "max_batch_size: 64" in best_yaml and "queryserve recommend" in best_yaml
+    assert (tmp_path / "recommend.html").stat().st_size > 0
+    # Run again: both points come from the saved state, no server is started.
+    t0 = time.monotonic()
+    again = queryserve(*args)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("measured in an earlier run") == 2
+    assert time.monotonic() - t0 < 20

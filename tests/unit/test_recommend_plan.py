@@ -1,0 +1,80 @@
+"""`queryserve recommend`'s planning: the points it tries, the config it writes, the winner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from queryserve.bench.recommend import (
+    Knobs,
+    Point,
+    best_point,
+    current_point,
+    default_knobs,
+    full_grid,
+    point_yaml,
+    stage_points,
+)
+from queryserve.config import load_model_config
+from queryserve.errors import BenchError
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = {"fp32": "variants/fp32.onnx", "int8": "model.onnx"}
+KNOBS = Knobs(("fp32", "int8"), ((1, 1), (1, 2), (2, 1)), (8, 64), (0, 2000))
+
+
+def shipped_config() -> dict[str, object]:
+    config: dict[str, object] = yaml.safe_load(
+        (ROOT / "model_repository" / "embed" / "model.yaml").read_text())
+    return config
+
+
+def test_the_current_config_is_the_starting_point() -> None:
+    start = current_point(shipped_config(), FILES, cores=2)
+    assert start == Point("int8", 64, 0, 2, 1)
+    with pytest.raises(BenchError, match="not one of the prepared variants"):
+        current_point(shipped_config(), {"fp32": "variants/fp32.onnx"}, cores=2)
+
+
+def test_default_knobs_fit_the_cores_and_keep_the_current_values() -> None:
+    knobs = default_knobs(FILES, Point("int8", 32, 500, 2, 1), cores=2)
+    assert knobs.layouts == ((1, 1), (1, 2), (2, 1))
+    assert 32 in knobs.max_batch_sizes and 500 in knobs.delays_us
+    assert knobs.precisions == ("fp32", "int8")
+
+
+def test_stages_vary_one_knob_around_the_best() -> None:
+    best = Point("int8", 64, 0, 2, 1)
+    assert stage_points(0, best, KNOBS) == [Point("fp32", 64, 0, 2, 1), best]
+    assert {(p.instances, p.threads) for p in stage_points(1, best, KNOBS)} == set(KNOBS.layouts)
+    assert [p.max_batch_size for p in stage_points(2, best, KNOBS)] == [8, 64]
+    assert [p.max_queue_delay_us for p in stage_points(3, best, KNOBS)] == [0, 2000]
+    assert len(full_grid(KNOBS)) == 2 * 3 * 2 * 2
+
+
+def test_point_yaml_is_a_valid_model_config(tmp_path: Path) -> None:
+    point = Point("fp32", 8, 2000, 1, 2)
+    folder = tmp_path / "embed"
+    folder.mkdir()
+    (folder / "model.yaml").write_text(yaml.safe_dump(point_yaml(shipped_config(), point, FILES)))
+    config = load_model_config(folder / "model.yaml")
+    assert config.max_batch_size == 8
+    assert config.dynamic_batching is not None
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert config.instance_group.count == 1
+    assert config.parameter("model_file", "") == "variants/fp32.onnx"
+    # the shipped warmup has a batch of 16: capped to the point's max batch size
+    assert max(s.batch_size for s in config.model_warmup) == 8
+
+
+def point(pid: str, rate: float, cost: float | None = None) -> dict[str, object]:
+    return {"id": pid, "max_rate": rate, "cost_per_million": cost}
+
+
+def test_best_point_by_throughput_or_cost() -> None:
+    points = [point("a", 500, 0.02), point("b", 700, 0.03), point("c", 0)]
+    assert best_point(points, "throughput") == points[1]
+    assert best_point(points, "cost") == points[0]
+    assert best_point([point("c", 0)], "throughput") is None
