@@ -75,6 +75,7 @@ class BenchPlan:
     price_per_hour: float | None = None
     connections: int = 4
     max_connections: int = 256
+    headers: dict[str, str] = field(default_factory=dict)  # on every request and stats read
     command: str = ""
 
 
@@ -154,9 +155,10 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
     async def measured(label: str, seconds: float,
                        run: Coroutine[Any, Any, LoadResult]) -> LoadResult:
         observer.step_started(label, seconds)
-        before = fetch_stats(plan.url, plan.model)
+        before = fetch_stats(plan.url, plan.model, plan.headers)
         result = await run
-        server_of[id(result)] = stats_delta(before, fetch_stats(plan.url, plan.model))
+        after = fetch_stats(plan.url, plan.model, plan.headers)
+        server_of[id(result)] = stats_delta(before, after)
         return result
 
     def record(trial: Trial, label: str) -> None:
@@ -171,8 +173,8 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
         return await measured(rate_label(rate), plan.warmup_s + plan.duration_s, run_open_loop(
             plan.url, p.bodies, rate, plan.duration_s, warmup_s=plan.warmup_s,
             poisson=plan.poisson, seed=plan.seed, connections=plan.connections,
-            max_connections=plan.max_connections, content_type=p.content_type,
-            body_headers=p.body_headers))
+            max_connections=plan.max_connections, headers=plan.headers,
+            content_type=p.content_type, body_headers=p.body_headers))
 
     def open_trial(trial: Trial) -> None:
         record(trial, rate_label(trial.level))
@@ -203,8 +205,8 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
             warmup_s = plan.warmup_s if i == 0 else 0.0
             result = await measured(phase.label, warmup_s + phase.duration_s, run_closed_loop(
                 plan.url, p.bodies, phase.users, phase.duration_s,
-                spawn_rate=phase.spawn_rate, warmup_s=warmup_s, content_type=p.content_type,
-                body_headers=p.body_headers))
+                spawn_rate=phase.spawn_rate, warmup_s=warmup_s, headers=plan.headers,
+                content_type=p.content_type, body_headers=p.body_headers))
             history.append(result)
             ok = (None if plan.stop.latency_ms is None
                   else passes(result, plan.stop.latency_ms, plan.stop.percentile, 0.0))

@@ -49,6 +49,13 @@ def _phase(value: str) -> tuple[int, float, float]:
     return users, spawn, seconds
 
 
+def _header(value: str) -> tuple[str, str]:
+    name, sep, content = value.partition(":")
+    if not sep or not name.strip() or any(c in value for c in "\r\n"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAME:VALUE, e.g. x-token:abc")
+    return name.strip(), content.strip()
+
+
 def _positive(value: str) -> float:
     number = float(value)
     if number <= 0:
@@ -106,6 +113,9 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("--price-per-hour", type=_positive, default=None,
                        help="what the server's machine costs per hour: adds cost per million "
                             "inferences")
+    bench.add_argument("--header", action="append", type=_header, default=[],
+                       metavar="NAME:VALUE",
+                       help="extra HTTP header on every request and stats read (repeat)")
     bench.add_argument("--connections", type=int, default=4,
                        help="connections opened up front (open loop)")
     bench.add_argument("--max-connections", type=int, default=256,
@@ -154,7 +164,7 @@ def run_bench_command(args: argparse.Namespace) -> None:
                             max_invocations_per_minute=args.max_invocations_per_minute,
                             flat_ratio=args.stop_on_flat),
         price_per_hour=args.price_per_hour, connections=args.connections,
-        max_connections=args.max_connections)
+        max_connections=args.max_connections, headers=dict(args.header))
     console = Console(stderr=True)
     observer = PlainSteps() if args.no_progress else LiveSteps(console)
     if shape == "search":

@@ -29,7 +29,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import urlsplit
@@ -294,8 +294,10 @@ class _Run(_Recorder):
         poisson: bool,
         seed: int | None,
         max_connections: int,
+        clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        self.clock = clock  # nanoseconds; a fake one in the schedule's unit tests
         self.target = target
         self.requests = requests
         self.next_request = 0
@@ -350,7 +352,7 @@ class _Run(_Recorder):
             return
         self.conns.add(conn)
         self.max_pool = max(self.max_pool, len(self.conns))
-        self._give_work(conn, time.perf_counter_ns())
+        self._give_work(conn, self.clock())
 
     def on_lost(self, conn: _Conn) -> None:
         if self.closed:
@@ -405,7 +407,7 @@ class _Run(_Recorder):
     # -- schedule ----------------------------------------------------------
 
     def start(self, warmup_s: float, duration_s: float) -> None:
-        self.t0_ns = time.perf_counter_ns()
+        self.t0_ns = self.clock()
         self.warm_end_ns = self.t0_ns + int(warmup_s * _NS)
         self.end_ns = self.warm_end_ns + int(duration_s * _NS)
         self.next_ns = self.t0_ns
@@ -423,7 +425,7 @@ class _Run(_Recorder):
     def _tick(self) -> None:
         if self.closed:
             return  # the run was abandoned (e.g. cancelled): stop scheduling
-        now_ns = time.perf_counter_ns()
+        now_ns = self.clock()
         horizon = now_ns + _SLACK_NS
         while self.next_ns <= horizon:
             if self.next_ns >= self.end_ns:
@@ -434,7 +436,7 @@ class _Run(_Recorder):
         if self.next_ns >= self.end_ns:
             self._stop_scheduling()
             return
-        wait_ns = self.next_ns - time.perf_counter_ns() - _WAKE_LEAD_NS
+        wait_ns = self.next_ns - self.clock() - _WAKE_LEAD_NS
         self.loop.call_later(max(wait_ns, 0) / _NS, self._tick)
 
     def _dispatch(self, sched_ns: int, now_ns: int) -> None:

@@ -21,11 +21,15 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def fetch_stats(url: str, model: str, timeout_s: float = 5.0) -> dict[str, Any] | None:
-    """The model's entry of `/v2/models/{model}/stats`, or None if the server has none."""
+def fetch_stats(url: str, model: str, headers: dict[str, str] | None = None,
+                timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """The model's entry of `/v2/models/{model}/stats`, or None if the server has none.
+
+    ``headers`` go with the request (PyTriton guards its statistics with an access token)."""
     endpoint = f"{base_url(url)}/v2/models/{quote(model, safe='')}/stats"
+    request = urllib.request.Request(endpoint, headers=headers or {})
     try:
-        with urllib.request.urlopen(endpoint, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             body = json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError):
         return None

@@ -5,7 +5,7 @@ obvious code (encode per request, one uvicorn worker), not a tuned one. The
 only concessions are ones that help it: torch limited to the 2 cores we have
 and no per-request access log.
 
-    python benchmarks/baseline_fastapi.py 8099
+    python benchmarks/peers/fastapi_st.py 8099
     curl -s 127.0.0.1:8099/v1/embeddings -H 'content-type: application/json' \
          -d '{"model":"embed","input":["wake me up at five am"]}'
 """
