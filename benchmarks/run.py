@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +397,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peers", default=PEERS, help="peers to measure (comma-separated)")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
+                        help="re-measure only these sections (engines,server,recommend,peers,"
+                             "ceiling); the rest come from bench-out/make-bench/bench.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (MODEL_DIR / "prepare.json").is_file():
@@ -403,21 +407,31 @@ def main() -> int:
         return 1
     OUT.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    log("1. in-process engines")
-    engines = engine_rows(load_queries(512), args.seconds, args.repeats)
-    log("2. the default config over HTTP")
-    server = server_figures()
-    log("3. recommend")
-    rec, rec_command = recommend()
-    log("4. peers")
-    peer_report = peers(args.peers)
-    log("5. the load generator's ceiling")
-    ceiling = generator_ceiling()
+    steps: dict[str, tuple[str, Callable[[], Any]]] = {
+        "engines": ("1. in-process engines",
+                    lambda: engine_rows(load_queries(512), args.seconds, args.repeats)),
+        "server": ("2. the default config over HTTP", server_figures),
+        "recommend": ("3. recommend", recommend),
+        "peers": ("4. peers", lambda: peers(args.peers)),
+        "ceiling": ("5. the load generator's ceiling", generator_ceiling),
+    }
+    # --only re-measures some sections and keeps the others from the last run's bench.json.
+    figures: dict[str, Any] = (json.loads((OUT / "bench.json").read_text()) if args.only
+                               else {})
+    for name, (title, measure) in steps.items():
+        if not args.only or name in args.only:
+            log(title)
+            figures[name] = measure()
+    engines, server, ceiling, peer_report = (figures["engines"], figures["server"],
+                                             figures["ceiling"], figures["peers"])
+    rec, rec_command = figures["recommend"]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks", "",
         f"Written by `make bench` (`python benchmarks/run.py`) on {now}, in "
-        f"{(time.monotonic() - started) / 60:.0f} minutes.",
+        f"{(time.monotonic() - started) / 60:.0f} minutes."
+        + (f" Sections re-measured with `--only {','.join(sorted(args.only))}`; the others "
+           "come from the previous full run." if args.only else ""),
         f"Machine: {machine()}.",
         "Every figure below comes from that one run, one measurement at a time; the machine is",
         "shared and noisy, so compare rows with each other rather than with other runs.", "",
@@ -429,9 +443,7 @@ def main() -> int:
     ]
     recorded = (HERE / "recorded.md").read_text()
     args.out.write_text("\n".join(lines) + "\n" + recorded)
-    (OUT / "bench.json").write_text(json.dumps(
-        {"engines": engines, "server": server, "recommend": rec, "peers": peer_report,
-         "ceiling": ceiling}, indent=1, default=str))
+    (OUT / "bench.json").write_text(json.dumps(figures, indent=1, default=str))
     log(f"wrote {args.out}")
     return 0
 

@@ -105,3 +105,14 @@ def test_endpoint_url_defaults_to_the_protocol_route() -> None:
         "http://127.0.0.1:7997/embeddings")
     with pytest.raises(BenchError):
         endpoint_url("127.0.0.1:8000", "kserve", "embed", None)
+
+
+def test_named_query_sets_are_the_shipped_real_data() -> None:
+    from queryserve.bench.command import QUERY_SETS, _queries
+
+    catalog = read_queries(_queries("catalog"))
+    assert len(catalog) == 8788 and catalog[0] == "Sony Turntable - PSLX350H"
+    massive = read_queries(_queries("massive"))
+    assert len(massive) == 2974
+    assert _queries("my/file.txt") == Path("my/file.txt")
+    assert set(QUERY_SETS) == {"massive", "catalog"}

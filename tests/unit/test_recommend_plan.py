@@ -69,8 +69,9 @@ def test_point_yaml_is_a_valid_model_config(tmp_path: Path) -> None:
     assert max(s.batch_size for s in config.model_warmup) == 8
 
 
-def point(pid: str, rate: float, cost: float | None = None) -> dict[str, object]:
-    return {"id": pid, "max_rate": rate, "cost_per_million": cost}
+def point(pid: str, rate: float, cost: float | None = None,
+          p99: float = 5.0) -> dict[str, object]:
+    return {"id": pid, "max_rate": rate, "cost_per_million": cost, "latency_ms": {"p99": p99}}
 
 
 def test_best_point_by_throughput_or_cost() -> None:
@@ -78,3 +79,10 @@ def test_best_point_by_throughput_or_cost() -> None:
     assert best_point(points, "throughput") == points[1]
     assert best_point(points, "cost") == points[0]
     assert best_point([point("c", 0)], "throughput") is None
+
+
+def test_a_tie_on_rate_goes_to_the_lower_latency() -> None:
+    # regression: two points at 400 req/s, the default (p99 9.0 ms) was named best although
+    # the other (p99 7.9 ms) dominates it and alone was on the Pareto front
+    default, other = point("default", 400, p99=9.0), point("b16", 400, p99=7.9)
+    assert best_point([default, other], "throughput") == other

@@ -74,11 +74,19 @@ def test_one_stalled_run_does_not_decide_a_probe() -> None:
     assert rate > 600
 
 
-def test_nothing_passes_returns_zero_and_the_failing_result() -> None:
-    measure, _ = server_with_capacity(10)
-    rate, res, trials = run(search_max_rate(measure, 10, start_rate=100))
-    assert rate == 0 and res is not None and not passes(res, 10)
-    assert len(trials) == 2  # two failing votes settle it
+def test_a_server_slower_than_the_start_rate_is_found_by_halving() -> None:
+    measure, asked = server_with_capacity(30)
+    rate, res, _ = run(search_max_rate(measure, 10, start_rate=100, max_probes=20))
+    assert asked[:6] == [100, 100, 50, 50, 25, 25]  # halve until a probe passes, then bisect
+    assert 30 * 0.95 <= rate <= 30 and res is not None and passes(res, 10)
+
+
+def test_nothing_passes_returns_zero_and_the_first_failing_result() -> None:
+    measure, asked = server_with_capacity(2)
+    rate, res, trials = run(search_max_rate(measure, 10, start_rate=100, min_rate=10))
+    assert rate == 0 and res is not None and res.target_rate == 100
+    assert sorted(set(asked), reverse=True) == [100, 50, 25, 12.5]  # down to min_rate
+    assert len(trials) == 8  # two failing votes settle each probe
 
 
 def test_the_cap_ends_the_ramp() -> None:
@@ -100,6 +108,8 @@ def test_search_rejects_nonsense() -> None:
     measure, _ = server_with_capacity(100)
     with pytest.raises(ValueError):
         run(search_max_rate(measure, 10, start_rate=500, max_rate=100))
+    with pytest.raises(ValueError):
+        run(search_max_rate(measure, 10, start_rate=5, min_rate=10))
 
 
 def test_stop_on_latency_names_the_step() -> None:

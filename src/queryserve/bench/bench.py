@@ -70,6 +70,7 @@ class BenchPlan:
     percentile: str = "p99"
     start_rate: float = 50.0
     max_rate: float = 20_000.0
+    min_rate: float = 5.0
     max_probes: int = 12
     stop: StopConditions = field(default_factory=StopConditions)
     price_per_hour: float | None = None
@@ -185,7 +186,8 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
         assert plan.threshold_ms is not None
         rate, _, _ = await search_max_rate(
             open_loop, plan.threshold_ms, percentile=plan.percentile,
-            start_rate=plan.start_rate, max_rate=plan.max_rate, max_probes=plan.max_probes,
+            start_rate=plan.start_rate, max_rate=plan.max_rate, min_rate=plan.min_rate,
+            max_probes=plan.max_probes,
             on_trial=open_trial)
         # The step that set the max rate: the last passing run at that rate.
         step = next((i for i in reversed(range(len(steps))) if steps[i]["passed"]
@@ -193,8 +195,8 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
         search = {"percentile": plan.percentile, "threshold_ms": plan.threshold_ms,
                   "max_rate": rate, "step": step}
         if rate == 0:
-            reason = (f"even {plan.start_rate:g} req/s missed {plan.percentile} <= "
-                      f"{plan.threshold_ms:g} ms or had failures")
+            reason = (f"no rate from {plan.start_rate:g} down to {plan.min_rate:g} req/s kept "
+                      f"{plan.percentile} <= {plan.threshold_ms:g} ms without failures")
     elif plan.shape in ("rate", "sweep"):
         _, reason = await sweep(plan.rates, open_loop, plan.stop,
                                 items_per_request=p.items_per_request, on_trial=open_trial)

@@ -49,6 +49,18 @@ def _phase(value: str) -> tuple[int, float, float]:
     return users, spawn, seconds
 
 
+# The real query sets in the repository's data/ (see each folder's SOURCE.md), found from this
+# file so the names work from any directory of a source checkout (`make setup` installs it
+# editable).
+_DATA = Path(__file__).resolve().parents[3] / "data"
+QUERY_SETS = {"massive": _DATA / "massive-en" / "test.jsonl",
+              "catalog": _DATA / "catalog-titles" / "titles.txt"}
+
+
+def _queries(value: str) -> Path:
+    return QUERY_SETS.get(value, Path(value))
+
+
 def _header(value: str) -> tuple[str, str]:
     name, sep, content = value.partition(":")
     if not sep or not name.strip() or any(c in value for c in "\r\n"):
@@ -78,9 +90,10 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("--path", default=None,
                        help="route to POST to (default: the protocol's, e.g. "
                             "/v2/models/MODEL/infer; {model} is replaced)")
-    bench.add_argument("--queries", type=Path, default=Path("data/massive-en/test.jsonl"),
-                       help="real queries: .jsonl (field --field) or one per line "
-                            "(default: %(default)s)")
+    bench.add_argument("--queries", type=_queries, default=QUERY_SETS["massive"],
+                       help="real queries: 'massive' (MASSIVE en-US test utterances, the "
+                            "default), 'catalog' (8,788 product titles), or a file: .jsonl "
+                            "(field --field) or one query per line")
     bench.add_argument("--field", default="text", help="JSON field of --queries to use")
     bench.add_argument("--items-per-request", type=int, default=1,
                        help="queries per request (default: %(default)s)")
@@ -106,6 +119,8 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        default="p99", help="which percentile --p99-ms bounds")
     bench.add_argument("--start-rate", type=_positive, default=50.0)
     bench.add_argument("--max-rate", type=_positive, default=20_000.0)
+    bench.add_argument("--min-rate", type=_positive, default=5.0,
+                       help="the search halves the start rate down to this before giving up")
     bench.add_argument("--max-invocations-per-minute", type=_positive, default=None,
                        help="stop a sweep once this many inferences per minute are reached")
     bench.add_argument("--stop-on-flat", type=float, default=None, metavar="RATIO",
@@ -159,6 +174,7 @@ def run_bench_command(args: argparse.Namespace) -> None:
         duration_s=args.duration or (3.0 if shape == "search" else 10.0),
         warmup_s=args.warmup, poisson=args.poisson, threshold_ms=threshold,
         percentile=args.percentile, start_rate=args.start_rate, max_rate=args.max_rate,
+        min_rate=min(args.min_rate, args.start_rate),
         stop=StopConditions(latency_ms=threshold if shape != "search" else None,
                             percentile=args.percentile,
                             max_invocations_per_minute=args.max_invocations_per_minute,
@@ -238,7 +254,8 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                      help="e.g. 8,16,64 (default: 8,16,64 and the current one)")
     rec.add_argument("--delays-us", type=_ints, default=None,
                      help="max queue delays, e.g. 0,1000,4000 (default: those and the current)")
-    rec.add_argument("--queries", type=Path, default=Path("data/massive-en/test.jsonl"))
+    rec.add_argument("--queries", type=_queries, default=QUERY_SETS["massive"],
+                     help="'massive' (default), 'catalog' or a file, as for bench")
     rec.add_argument("--field", default="text", help="JSON field of --queries to use")
     rec.add_argument("--step-duration", type=_positive, default=2.0,
                      help="seconds per search run (default: %(default)s)")

@@ -155,15 +155,21 @@ def stage_points(stage: int, best: Point, knobs: Knobs) -> list[Point]:
 STAGES = ("precision", "instances x threads", "max batch size", "max queue delay")
 
 
-def best_point(points: Sequence[dict[str, Any]], objective: str) -> dict[str, Any] | None:
-    """The winner among measured points: most throughput, or least cost per inference (ties
-    to more throughput); None when nothing passed."""
+def best_point(points: Sequence[dict[str, Any]], objective: str,
+               percentile: str = "p99") -> dict[str, Any] | None:
+    """The winner among measured points: most throughput, or least cost per inference; ties go
+    to more throughput, then to the lower latency percentile there (so the winner is always on
+    the Pareto front). None when nothing passed."""
     passed = [p for p in points if (p.get("max_rate") or 0) > 0]
     if not passed:
         return None
+
+    def latency(p: dict[str, Any]) -> float:
+        return float((p.get("latency_ms") or {}).get(percentile, float("inf")))
+
     if objective == "cost" and all(p.get("cost_per_million") is not None for p in passed):
-        return min(passed, key=lambda p: (p["cost_per_million"], -p["max_rate"]))
-    return max(passed, key=lambda p: p["max_rate"])
+        return min(passed, key=lambda p: (p["cost_per_million"], -p["max_rate"], latency(p)))
+    return min(passed, key=lambda p: (-p["max_rate"], latency(p)))
 
 
 # -- one point on a real server ------------------------------------------------------------
@@ -383,7 +389,8 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
         best = start
         for stage in range(len(STAGES)):
             measure([best, *stage_points(stage, best, knobs)])
-            winner = best_point([done[p.id] for p in measured], sweep.objective)
+            winner = best_point([done[p.id] for p in measured], sweep.objective,
+                                sweep.percentile)
             if winner is not None:
                 best = next(p for p in measured if p.id == winner["id"])
     return _results(sweep, config, files, [done[p.id] for p in measured], start)
@@ -404,7 +411,7 @@ def _results(sweep: Sweep, config: dict[str, Any], files: dict[str, str],
     }
     maximize, minimize = pareto_axes(results)
     front = set(pareto_front(points, maximize, minimize))
-    winner = best_point(points, sweep.objective)
+    winner = best_point(points, sweep.objective, sweep.percentile)
     for p in points:
         p["pareto"] = p["id"] in front
         p["best"] = winner is not None and p["id"] == winner["id"]

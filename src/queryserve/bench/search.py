@@ -43,20 +43,22 @@ async def search_max_rate(
     percentile: str = "p99",
     start_rate: float = 100.0,
     max_rate: float = 20_000.0,
-    max_probes: int = 10,
+    min_rate: float = 5.0,
+    max_probes: int = 12,
     precision: float = 0.05,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[float, LoadResult | None, list[Trial]]:
-    """Highest rate that `passes`: double from ``start_rate`` until a probe fails, then bisect
-    until the bracket is within ``precision``.
+    """Highest rate that `passes`: from ``start_rate``, double until a probe fails (or halve
+    until one passes, for a server slower than the start), then bisect until the bracket is
+    within ``precision``.
 
     Each probe is the majority verdict of two or three runs: on a shared machine one stall can
     push a short run's percentile over the bar (or luck keep it under), and one such run must
     not steer the search. Returns (rate, the passing result there, every trial); the rate is 0
-    and the result is the first failing one if even ``start_rate`` fails.
+    and the result is the first failing one if nothing down to ``min_rate`` passes.
     """
-    if threshold_ms <= 0 or start_rate <= 0 or max_rate < start_rate:
-        raise ValueError("need threshold > 0 and 0 < start_rate <= max_rate")
+    if threshold_ms <= 0 or not 0 < min_rate <= start_rate <= max_rate:
+        raise ValueError("need threshold > 0 and 0 < min_rate <= start_rate <= max_rate")
     trials: list[Trial] = []
 
     async def probe(rate: float) -> tuple[bool, LoadResult]:
@@ -72,10 +74,20 @@ async def search_max_rate(
         return verdict, next(t.result for t in reversed(votes) if t.passed == verdict)
 
     ok, res = await probe(start_rate)
+    probes = 1
     if not ok:
-        return 0.0, res, trials
-    good, good_res, bad, probes = start_rate, res, 0.0, 1
-    while probes < max_probes and good < max_rate:
+        first_failure, bad, rate = res, start_rate, start_rate / 2
+        while not ok and probes < max_probes and rate >= min_rate:
+            ok, res = await probe(rate)
+            probes += 1
+            if not ok:
+                bad, rate = rate, rate / 2
+        if not ok:
+            return 0.0, first_failure, trials
+        good, good_res = rate, res
+    else:
+        good, good_res, bad = start_rate, res, 0.0
+    while not bad and probes < max_probes and good < max_rate:
         rate = min(good * 2, max_rate)
         ok, res = await probe(rate)
         probes += 1
