@@ -433,7 +433,9 @@ def main() -> int:
         + (f" Sections re-measured with `--only {','.join(sorted(args.only))}`; the others "
            "come from the previous full run." if args.only else ""),
         f"Machine: {machine()}.",
-        "Every figure below comes from that one run, one measurement at a time; the machine is",
+        ("Every figure below comes from that one run" if not args.only else
+         "Within each section every figure comes from one run") +
+        ", one measurement at a time; the machine is",
         "shared and noisy, so compare rows with each other rather than with other runs.", "",
         *render_engines(engines, args.seconds), "",
         *render_server(server), "",
