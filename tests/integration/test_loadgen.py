@@ -227,7 +227,9 @@ def test_closed_loop_phase_spawns_users(instant_server: StartServer) -> None:
 def test_closed_loop_counts_dropped_connections_and_goes_on(instant_server: StartServer) -> None:
     url = instant_server(close_every=5) + "/"
     res = run_sync(run_closed_loop(url, BODIES, 2, 0.5, warmup_s=0.1))
-    assert res.errors > 0 and res.ok >= 4 * res.errors - 2
+    # the server drops every 5th request it sees (warm-up ones too), so about 4 answers per
+    # error in the window, give or take the few at its edges
+    assert res.errors > 0 and abs(res.ok - 4 * res.errors) <= 10
     assert res.failures == res.errors
 
 
