@@ -192,7 +192,9 @@ def latency_vs_throughput(results: Mapping[str, Any], path: Path) -> Path | None
         colour, marker = {"p50": (C_P50, "o"), "p99": (C_P99, "s")}.get(pct, (C_OTHER, "^"))
         for mode in modes:
             xy = [point(step, pct) for step in steps if (text(step.get("mode")) or "open") == mode]
-            found = [p for p in xy if p is not None]
+            # Sorted by throughput: a search visits rates out of order, and a line drawn in
+            # step order zigzags back and forth.
+            found = sorted(p for p in xy if p is not None)
             if not found:
                 continue
             plotted += [y for _, y in found]
