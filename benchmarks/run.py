@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ sys.path.insert(0, str(HERE / "peers"))
 
 from perf_analyzer_agreement import compare  # noqa: E402
 
+from queryserve.bench.bench import machine  # noqa: E402
 from queryserve.bench.recommend import peak_rss_mb, serving  # noqa: E402
 from queryserve.optimize.encoder import throughput  # noqa: E402
 from queryserve.prepare import minilm_folder  # noqa: E402
@@ -54,16 +54,15 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor())
+def machine_line() -> str:
+    """The machine as BENCHMARKS.md states it: `queryserve bench`'s view plus what it ran on."""
     import onnxruntime
     import torch
 
-    return (f"{cpu}, {os.cpu_count()} cores, "
+    m = machine()
+    return (f"{m['cpu']}, {m['cores']} cores, "
             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
-            f"Python {platform.python_version()}, onnxruntime {onnxruntime.__version__}, "
+            f"Python {m['python']}, onnxruntime {onnxruntime.__version__}, "
             f"torch {torch.__version__}")
 
 
@@ -432,7 +431,7 @@ def main() -> int:
         f"{(time.monotonic() - started) / 60:.0f} minutes."
         + (f" Sections re-measured with `--only {','.join(sorted(args.only))}`; the others "
            "come from the previous full run." if args.only else ""),
-        f"Machine: {machine()}.",
+        f"Machine: {machine_line()}.",
         ("Every figure below comes from that one run" if not args.only else
          "Within each section every figure comes from one run") +
         ", one measurement at a time; the machine is",

@@ -375,6 +375,25 @@ def _infinity(port: int, prefer_quantized: bool) -> list[str]:
     return argv if prefer_quantized else [*argv, "--onnx-do-not-prefer-quantized"]
 
 
+def _infinity_peer(int8: bool) -> Peer:
+    """Infinity's optimum engine on the fp32 export, or on the dynamic int8 file it prefers."""
+    return Peer(
+        name="infinity-onnx-int8" if int8 else "infinity-onnx",
+        label=("Infinity 0.0.78, optimum engine (ONNX Runtime "
+               f"{'dynamic int8' if int8 else 'fp32'}), batch 32"),
+        venv=INFINITY_VENV,
+        packages=("infinity-emb[server,torch,optimum]==0.0.78",),
+        command=lambda port: _infinity(port, prefer_quantized=int8),
+        protocol="openai",
+        path="/embeddings",
+        model="minilm",
+        cwd=INFINITY_MODELS / ("onnx-int8" if int8 else "onnx-fp32"),
+        env={"INFINITY_ANONYMOUS_USAGE_STATS": "0"},
+        prepare=_prepare_infinity,
+        min_cosine=0.95 if int8 else 0.9999,
+    )
+
+
 def _fastapi_label() -> str:
     return (f"FastAPI {version('fastapi')} + sentence-transformers "
             f"{version('sentence-transformers')} (torch fp32, no batching)")
@@ -400,35 +419,10 @@ PEERS: dict[str, Peer] = {
             model="embed",
             min_cosine=0.99,  # the served int8 model's parity gate
         ),
-        Peer(
-            name="infinity-onnx",
-            label="Infinity 0.0.78, optimum engine (ONNX Runtime fp32), batch 32",
-            venv=INFINITY_VENV,
-            packages=("infinity-emb[server,torch,optimum]==0.0.78",),
-            command=lambda port: _infinity(port, prefer_quantized=False),
-            protocol="openai",
-            path="/embeddings",
-            model="minilm",
-            cwd=INFINITY_MODELS / "onnx-fp32",
-            env={"INFINITY_ANONYMOUS_USAGE_STATS": "0"},
-            prepare=_prepare_infinity,
-        ),
-        Peer(
-            name="infinity-onnx-int8",
-            label="Infinity 0.0.78, optimum engine (ONNX Runtime dynamic int8), batch 32",
-            venv=INFINITY_VENV,
-            packages=("infinity-emb[server,torch,optimum]==0.0.78",),
-            command=lambda port: _infinity(port, prefer_quantized=True),
-            protocol="openai",
-            path="/embeddings",
-            model="minilm",
-            cwd=INFINITY_MODELS / "onnx-int8",
-            env={"INFINITY_ANONYMOUS_USAGE_STATS": "0"},
-            prepare=_prepare_infinity,
-            # Dynamic int8 weights cost accuracy: per-channel int8 against fp32 measured cosine
-            # mean 0.992, min 0.963 over 400 MASSIVE queries (see infinity_export.py).
-            min_cosine=0.95,
-        ),
+        _infinity_peer(int8=False),
+        # Dynamic int8 weights cost accuracy: per-channel int8 against fp32 measured cosine
+        # mean 0.992, min 0.963 over 400 MASSIVE queries (see infinity_export.py).
+        _infinity_peer(int8=True),
         Peer(
             name="fastapi-st",
             label=_fastapi_label(),

@@ -26,7 +26,7 @@ from queryserve.bench.loadgen import (
     run_open_loop,
     run_sync,
 )
-from queryserve.bench.search import find_max_rate, passes
+from queryserve.bench.search import passes, search_max_rate
 
 BODIES = [b'{"inputs":[{"name":"text","shape":[1],"datatype":"BYTES","data":["hi"]}]}']
 StartServer = Callable[..., str]
@@ -156,19 +156,22 @@ def test_nothing_listening_fails_fast() -> None:
         run_sync(run_open_loop(f"http://127.0.0.1:{port}/", BODIES, 100, 0.5))
 
 
+def _max_rate(url: str, p99_ms: float, *, start_rate: float, max_rate: float,
+              **load: Any) -> tuple[float, LoadResult]:
+    """The max-rate search driving the real generator, with short runs."""
+
+    async def measure(rate: float) -> LoadResult:
+        return await run_open_loop(url, BODIES, rate, 0.3, warmup_s=0.1, **load)
+
+    rate, res, _ = run_sync(search_max_rate(measure, p99_ms, start_rate=start_rate,
+                                            max_rate=max_rate, max_probes=5))
+    assert res is not None
+    return rate, res
+
+
 def test_find_max_rate_reaches_the_cap_on_an_instant_server(instant_server: StartServer) -> None:
     url = instant_server() + "/"
-    rate, res = run_sync(
-        find_max_rate(
-            url,
-            BODIES,
-            p99_ms=50,
-            start_rate=200,
-            max_rate=800,
-            step_duration_s=0.3,
-            warmup_s=0.1,
-        )
-    )
+    rate, res = _max_rate(url, 50, start_rate=200, max_rate=800)
     assert rate == 800
     assert res.target_rate == 800 and passes(res, 50)
 
@@ -176,21 +179,8 @@ def test_find_max_rate_reaches_the_cap_on_an_instant_server(instant_server: Star
 def test_find_max_rate_stops_below_capacity(instant_server: StartServer) -> None:
     # 2 connections x 1 request per 10 ms = 200/s capacity.
     url = instant_server(delay_ms=10) + "/"
-    rate, res = run_sync(
-        find_max_rate(
-            url,
-            BODIES,
-            p99_ms=60,
-            start_rate=50,
-            max_rate=1600,
-            step_duration_s=0.3,
-            warmup_s=0.1,
-            max_runs=5,
-            connections=2,
-            max_connections=2,
-            drain_s=0.2,
-        )
-    )
+    rate, res = _max_rate(url, 60, start_rate=50, max_rate=1600, connections=2,
+                          max_connections=2, drain_s=0.2)
     assert 50 <= rate <= 200
     assert passes(res, 60)
 

@@ -8,32 +8,35 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from queryserve.bench.payloads import PROTOCOLS
 
-
-def _rates(value: str) -> list[float]:
-    try:
-        rates = [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a list of rates, e.g. 100,200,400") from None
-    if not rates or any(r <= 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"{value!r}: rates must be > 0")
-    return rates
+N = TypeVar("N", int, float)
 
 
-def _users(value: str) -> list[int]:
-    try:
-        users = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a list of user counts, e.g. 1,4,16") from None
-    if not users or any(u < 1 for u in users):
-        raise argparse.ArgumentTypeError(f"{value!r}: user counts must be >= 1")
-    return users
+def _number_list(cast: Callable[[str], N], what: str, example: str, *,
+                 above: float) -> Callable[[str], list[N]]:
+    """An argparse type for comma-separated numbers, each > ``above``."""
+
+    def parse(value: str) -> list[N]:
+        try:
+            numbers = [cast(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a list of {what}, e.g. {example}") from None
+        if not numbers or any(n <= above for n in numbers):
+            raise argparse.ArgumentTypeError(f"{value!r}: {what} must be > {above:g}")
+        return numbers
+
+    return parse
+
+
+_rates = _number_list(float, "rates", "100,200,400", above=0)
+_users = _number_list(int, "user counts", "1,4,16", above=0)
+_ints = _number_list(int, "integers", "0,1000,4000", above=-1)
 
 
 def _phase(value: str) -> tuple[int, float, float]:
@@ -200,16 +203,6 @@ def _names(value: str) -> list[str]:
     return names
 
 
-def _ints(value: str) -> list[int]:
-    try:
-        numbers = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a list of integers") from None
-    if not numbers or any(n < 0 for n in numbers):
-        raise argparse.ArgumentTypeError(f"{value!r}: need integers >= 0")
-    return numbers
-
-
 def _layouts(value: str) -> list[tuple[int, int]]:
     out = []
     for item in _names(value):
@@ -274,15 +267,7 @@ def run_recommend_command(args: argparse.Namespace) -> None:
 
     from queryserve.bench.console import LiveSteps, PlainSteps, print_recommendation
     from queryserve.bench.payloads import build_payloads, read_queries
-    from queryserve.bench.recommend import (
-        Knobs,
-        Point,
-        Sweep,
-        current_point,
-        default_knobs,
-        model_files,
-        run_recommend,
-    )
+    from queryserve.bench.recommend import Knobs, Point, Sweep, run_recommend
     from queryserve.bench.report import write_recommend_report
     from queryserve.errors import BenchError
 
@@ -293,23 +278,10 @@ def run_recommend_command(args: argparse.Namespace) -> None:
                   threshold_ms=args.threshold_ms, percentile=args.percentile,
                   objective=args.objective, price_per_hour=args.price_per_hour,
                   grid=args.grid, step_duration_s=args.step_duration,
-                  start_rate=args.start_rate, max_rate=args.max_rate, out_dir=args.out)
-    if any(v is not None for v in (args.precisions, args.layouts, args.max_batch_sizes,
-                                   args.delays_us)):
-        import yaml
-
-        model_dir = args.repository / args.model
-        files = model_files(model_dir)
-        try:
-            config = yaml.safe_load((model_dir / "model.yaml").read_text())
-        except OSError:
-            raise BenchError(f"no model {args.model!r} in {args.repository}") from None
-        base = default_knobs(files, current_point(config, files, sweep.total_cores),
-                             sweep.total_cores)
-        sweep = replace(sweep, knobs=Knobs(
-            tuple(args.precisions or base.precisions), tuple(args.layouts or base.layouts),
-            tuple(args.max_batch_sizes or base.max_batch_sizes),
-            tuple(args.delays_us if args.delays_us is not None else base.delays_us)))
+                  start_rate=args.start_rate, max_rate=args.max_rate, out_dir=args.out,
+                  # Knobs not given stay empty: run_recommend takes the model's defaults.
+                  knobs=Knobs(tuple(args.precisions or ()), tuple(args.layouts or ()),
+                              tuple(args.max_batch_sizes or ()), tuple(args.delays_us or ())))
     console = Console(stderr=True)
     observer = PlainSteps() if args.no_progress else LiveSteps(console)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import random
 import sys
 import time
@@ -109,30 +108,6 @@ class LoadResult:
             for item in self.histogram.get_recorded_iterator()
             if item.value_iterated_to >= threshold_us
         )
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly view (no histogram object)."""
-        return {
-            "url": self.url,
-            "target_rate": self.target_rate,
-            "duration_s": self.duration_s,
-            "poisson": self.poisson,
-            "scheduled": self.scheduled,
-            "sent": self.sent,
-            "ok": self.ok,
-            "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
-            "errors": self.errors,
-            "timeouts": self.timeouts,
-            "throughput": round(self.throughput, 1),
-            "latency_ms": {k: round(v, 3) for k, v in self.percentiles.items()},
-            "send_lag_ms": {k: round(v, 3) for k, v in self.send_lag_ms.items()},
-            "client_cpu_s": round(self.client_cpu_s, 3),
-            "client_cpu_us_per_request": round(self.client_cpu_us_per_request, 2),
-            "max_pool": self.max_pool,
-            "mode": self.mode,
-            "users": self.users,
-            "client_cpu_share": round(self.client_cpu_share, 3),
-        }
 
 
 @dataclass(frozen=True)
@@ -891,6 +866,7 @@ async def serve_instant(
 
 
 # -- command line ---------------------------------------------------------------
+# Load itself is `queryserve bench`; this module's own command only serves at once.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -905,67 +881,19 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--reject-every", type=int, default=0)
     srv.add_argument("--close-every", type=int, default=0)
     srv.add_argument("--lifetime-s", type=float, default=0.0)
-    for name in ("run", "find-max"):
-        cmd = sub.add_parser(name)
-        cmd.add_argument("--url", required=True)
-        cmd.add_argument("--body", default="{}", help="JSON body sent with every request")
-        cmd.add_argument("--warmup", type=float, default=1.0)
-        cmd.add_argument("--max-connections", type=int, default=64)
-        cmd.add_argument("--connections", type=int, default=4)
-        cmd.add_argument("--poisson", action="store_true")
-    run = sub.choices["run"]
-    run.add_argument("--rate", type=float, required=True)
-    run.add_argument("--duration", type=float, default=10.0)
-    fmax = sub.choices["find-max"]
-    fmax.add_argument("--p99-ms", type=float, required=True)
-    fmax.add_argument("--step-duration", type=float, default=3.0)
-    fmax.add_argument("--start-rate", type=float, default=500.0)
-    fmax.add_argument("--max-rate", type=float, default=50_000.0)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.cmd == "serve-instant":
-        opts = InstantServerOptions(
-            delay_ms=args.delay_ms,
-            stall_at=args.stall_at,
-            stall_ms=args.stall_ms,
-            reject_every=args.reject_every,
-            close_every=args.close_every,
-        )
-        run_sync(serve_instant(args.host, args.port, opts, args.lifetime_s))
-        return 0
-    bodies = [args.body.encode()]
-    common: dict[str, Any] = {
-        "poisson": args.poisson,
-        "max_connections": args.max_connections,
-        "connections": args.connections,
-    }
-    if args.cmd == "run":
-        res = run_sync(
-            run_open_loop(
-                args.url, bodies, args.rate, args.duration, warmup_s=args.warmup, **common
-            )
-        )
-        print(json.dumps(res.summary(), indent=2))
-        return 0
-    from queryserve.bench.search import find_max_rate  # the search builds on this module
-
-    rate, res = run_sync(
-        find_max_rate(
-            args.url,
-            bodies,
-            args.p99_ms,
-            start_rate=args.start_rate,
-            max_rate=args.max_rate,
-            step_duration_s=args.step_duration,
-            warmup_s=args.warmup,
-            log=True,
-            **common,
-        )
+    opts = InstantServerOptions(
+        delay_ms=args.delay_ms,
+        stall_at=args.stall_at,
+        stall_ms=args.stall_ms,
+        reject_every=args.reject_every,
+        close_every=args.close_every,
     )
-    print(json.dumps({"max_rate": rate, **res.summary()}, indent=2))
+    run_sync(serve_instant(args.host, args.port, opts, args.lifetime_s))
     return 0
 
 

@@ -67,7 +67,7 @@ class Point:
 
 @dataclass(frozen=True)
 class Knobs:
-    """The values each knob may take; the first point is the model's current configuration."""
+    """The values each knob may take (in a `Sweep`, an empty one means the default's)."""
 
     precisions: tuple[str, ...]
     layouts: tuple[tuple[int, int], ...]  # (instances, threads)
@@ -93,7 +93,7 @@ class Sweep:
     max_rate: float = 20_000.0
     out_dir: Path = Path("bench-out/recommend")
     command: str = ""
-    knobs: Knobs | None = None  # None: derived from the model folder
+    knobs: Knobs = Knobs((), (), (), ())  # empty fields: derived from the model folder
     total_cores: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
 
 
@@ -354,7 +354,10 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
         raise BenchError(f"no model {sweep.model!r} in {sweep.repository}") from None
     files = model_files(model_dir)
     start = current_point(config, files, sweep.total_cores)
-    knobs = sweep.knobs or default_knobs(files, start, sweep.total_cores)
+    base, given = default_knobs(files, start, sweep.total_cores), sweep.knobs
+    knobs = Knobs(given.precisions or base.precisions, given.layouts or base.layouts,
+                  given.max_batch_sizes or base.max_batch_sizes,
+                  given.delays_us or base.delays_us)
     unknown = set(knobs.precisions) - set(files)
     if unknown:
         raise BenchError(f"unknown precision {sorted(unknown)}: prepared are {sorted(files)}")

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from queryserve.bench.loadgen import LoadResult, run_open_loop
+from queryserve.bench.loadgen import LoadResult
 
 Measure = Callable[[float], Awaitable[LoadResult]]
 PERCENTILES = ("p50", "p90", "p95", "p99", "p99.9")
@@ -169,37 +168,3 @@ async def sweep(
         if reason is not None:
             return trials, reason
     return trials, None
-
-
-async def find_max_rate(
-    url: str,
-    bodies: list[bytes],
-    p99_ms: float,
-    *,
-    start_rate: float = 100.0,
-    max_rate: float = 20_000.0,
-    step_duration_s: float = 3.0,
-    warmup_s: float = 0.5,
-    max_runs: int = 10,
-    precision: float = 0.05,
-    log: bool = False,
-    **kwargs: Any,
-) -> tuple[float, LoadResult]:
-    """`search_max_rate` with the open-loop generator against ``url`` (p99 bar)."""
-    import sys
-
-    async def measure(rate: float) -> LoadResult:
-        return await run_open_loop(url, bodies, rate, step_duration_s, warmup_s=warmup_s,
-                                   **kwargs)
-
-    def show(trial: Trial) -> None:
-        p99 = trial.result.percentiles.get("p99", float("nan"))
-        print(f"  probe {trial.level:8.0f}/s -> {trial.result.throughput:8.0f}/s "
-              f"p99 {p99:8.2f} ms failures {trial.result.failures} "
-              f"{'PASS' if trial.passed else 'fail'}", file=sys.stderr, flush=True)
-
-    rate, result, _ = await search_max_rate(
-        measure, p99_ms, start_rate=start_rate, max_rate=max_rate, max_probes=max_runs,
-        precision=precision, on_trial=show if log else None)
-    assert result is not None  # the first probe always yields a result
-    return rate, result
