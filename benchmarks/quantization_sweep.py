@@ -17,6 +17,7 @@ from onnx import helper as h, TensorProto as T
 from onnxruntime.quantization import (quantize_dynamic, quantize_static, QuantType, QuantFormat,
                                       CalibrationDataReader, CalibrationMethod)
 from queryserve.optimize import encoder as E
+from queryserve.optimize import recipes as R
 from queryserve.prepare import read_utterances, minilm_folder
 
 OUT = Path(sys.argv[1]); OUT.mkdir(parents=True, exist_ok=True)
@@ -26,6 +27,7 @@ HF = minilm_folder(); TOKP = HF / "tokenizer.json"
 queries = read_utterances(Path("data/massive-en/test.jsonl"), 512)
 calib = read_utterances(Path("data/massive-en/train.jsonl"), 512)
 tok = E.load_tokenizer(TOKP)
+CAL = R.BuildInputs(E.batches(tok, calib, 32, ("input_ids", "attention_mask")))
 t0 = time.perf_counter()
 def p(name): return OUT / f"{name}.onnx"
 def wmm(path):
@@ -44,7 +46,7 @@ def build(name, desc, fn):
         print(f"FAILED {name}: {errors[name]}", flush=True)
 FP32, FUSED = p("fp32"), p("fp32-fused")
 build("fp32", "torch.onnx.export eager attention", lambda: E.export_onnx(HF, FP32))
-build("fp32-fused", "ORT transformer fusions opt_level 0", lambda: E.fuse_transformer_ops(FP32, FUSED))
+build("fp32-fused", "ORT transformer fusions opt_level 0", lambda: R.fuse_transformer_ops(FP32, FUSED))
 W, A = wmm(FP32); FW, FA = wmm(FUSED)
 ffn_out = [n for n in W if n.endswith("/output/dense/MatMul") and "attention" not in n]
 ffn = [n for n in W if "intermediate" in n] + ffn_out
@@ -61,10 +63,10 @@ build("int8-dyn-pc-attn-only", "dynamic per-channel, attention MatMuls only (FFN
 build("int8-dyn-pc-no-ffn-out", "dynamic per-channel, FFN output MatMuls kept fp32", lambda: quantize_dynamic(FP32, p("int8-dyn-pc-no-ffn-out"), per_channel=True, op_types_to_quantize=["MatMul"], nodes_to_exclude=A + ffn_out, **DQ))
 build("fused-int8-dyn-pc", "fused graph, dynamic per-channel MatMul+Attention(QAttention)", lambda: quantize_dynamic(FUSED, p("fused-int8-dyn-pc"), per_channel=True, op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=FA, extra_options={"DefaultTensorType": T.FLOAT}, **DQ))
 def smooth(src, name, alpha):
-    old = E.SMOOTHING_ALPHA; E.SMOOTHING_ALPHA = alpha
-    try: E.quantize_int8_smoothed(src, p(name), E.BuildInputs(TOKP, calib))
-    finally: E.SMOOTHING_ALPHA = old
-build("int8-smoothquant", "KEPT RECIPE: fused, SmoothQuant a=0.75, dynamic per-channel", lambda: E.quantize_int8_smoothed(FUSED, p("int8-smoothquant"), E.BuildInputs(TOKP, calib)))
+    old = R.SMOOTHING_ALPHA; R.SMOOTHING_ALPHA = alpha
+    try: R.quantize_int8_smoothed(src, p(name), CAL)
+    finally: R.SMOOTHING_ALPHA = old
+build("int8-smoothquant", "KEPT RECIPE: fused, SmoothQuant a=0.75, dynamic per-channel", lambda: R.quantize_int8_smoothed(FUSED, p("int8-smoothquant"), CAL))
 build("int8-smoothquant-a0.5", "fused, SmoothQuant a=0.5, dynamic per-channel", lambda: smooth(FUSED, "int8-smoothquant-a0.5", 0.5))
 build("int8-smoothquant-a0.9", "fused, SmoothQuant a=0.9, dynamic per-channel", lambda: smooth(FUSED, "int8-smoothquant-a0.9", 0.9))
 build("int8-smoothquant-unfused", "unfused, SmoothQuant a=0.75, dynamic per-channel", lambda: smooth(FP32, "int8-smoothquant-unfused", 0.75))

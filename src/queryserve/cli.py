@@ -14,6 +14,7 @@ from queryserve.bench.command import (
     run_recommend_command,
 )
 from queryserve.errors import QueryServeError
+from queryserve.optimize.command import add_optimize_parser, run_optimize_command
 
 DEFAULT_REPOSITORY = Path("model_repository")
 
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     prepare.add_argument("--force", action="store_true",
                          help="rebuild even if the models are already prepared")
+    add_optimize_parser(commands)
     add_bench_parser(commands)
     add_recommend_parser(commands)
     return parser
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             run_bench_command(args)
         elif args.command == "recommend":
             run_recommend_command(args)
+        elif args.command == "optimize":
+            run_optimize_command(args)
         elif args.command == "prepare":
             from queryserve.prepare import prepare_default_models
 

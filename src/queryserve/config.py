@@ -20,7 +20,7 @@ from queryserve.errors import ConfigError
 from queryserve.types import NUMPY_DTYPES
 
 BACKENDS = ("onnxruntime", "fake")
-PIPELINES = ("text_embedding",)
+PIPELINES = ("text_embedding", "text_classification")
 
 T = TypeVar("T")
 
@@ -74,6 +74,8 @@ class ModelConfig:
     path: Path
     backend: str
     pipeline: str
+    """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
+    pair texts -> probabilities); both run pipelines/text_embedding.py."""
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

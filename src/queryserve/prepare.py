@@ -54,10 +54,10 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
         print(f"embed: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: weights are local
-    # ONNX Runtime's fusion tools log every pass at INFO; the progress display says enough.
-    for noisy in ("onnx_model", "onnx_model_bert", "fusion_base", "fusion_utils"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     from queryserve.optimize.encoder import prepare_encoder
+    from queryserve.optimize.report import quiet_fusion_logs
+
+    quiet_fusion_logs()
 
     prepare_encoder(
         minilm_folder(), target,

@@ -19,6 +19,7 @@ from onnx import numpy_helper
 
 from queryserve.errors import ExportError
 from queryserve.optimize import encoder
+from queryserve.optimize.recipes import recipes_for
 from queryserve.prepare import read_utterances
 from tests.conftest import ROOT, minilm_dir
 
@@ -137,9 +138,9 @@ def test_unnormalised_output_fails_the_gate(tmp_path: Path, fp32_model: Path,
 def test_prepare_refuses_an_fp32_export_that_fails(tmp_path: Path, hf_dir: Path,
                                                    damaged_model: Path, queries: list[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encoder, "export_onnx",
-                        lambda _hf, out: shutil.copyfile(damaged_model, out))
-    with pytest.raises(ExportError, match=r"fp32 .* fails its accuracy gate.*mean cosine 0\."):
+    monkeypatch.setattr(encoder, "export_onnx_for",
+                        lambda _source, out: shutil.copyfile(damaged_model, out))
+    with pytest.raises(ExportError, match=r"fp32 .* fails its accuracy gate: mean cosine 0\."):
         encoder.prepare_encoder(hf_dir, tmp_path / "embed", parity_queries=queries,
                                 calibration_texts=utterances("train", 64), progress=False)
     assert not (tmp_path / "embed" / "model.onnx").exists()
@@ -162,7 +163,7 @@ def test_prepare_writes_the_model_folder(prepared: encoder.PrepareReport) -> Non
     document = json.loads((folder / "prepare.json").read_text())
     assert document["chosen"] == prepared.chosen
     rows = {v["name"]: v for v in document["variants"]}
-    assert set(rows) == {"fp32", *(r.name for r in encoder.RECIPES)}
+    assert set(rows) == {"fp32", *(r.name for r in recipes_for(("fp32", "int8")))}
     assert rows[prepared.chosen]["passed"] and rows[prepared.chosen]["file"] == "model.onnx"
     kept = {p.name for p in (folder / "variants").iterdir()}
     for name, row in rows.items():
@@ -171,7 +172,7 @@ def test_prepare_writes_the_model_folder(prepared: encoder.PrepareReport) -> Non
         elif name != prepared.chosen:
             assert row["file"] == f"variants/{name}.onnx" and f"{name}.onnx" in kept
             assert set(row["queries_per_second"]) == {"batch_1", "batch_32"}
-    assert not [p for p in folder.iterdir() if p.name.startswith(".prepare-")]
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
 
 
 def test_the_chosen_model_returns_unit_rows_of_384(prepared: encoder.PrepareReport,

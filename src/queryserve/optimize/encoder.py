@@ -1,26 +1,20 @@
-"""Export the default query encoder (all-MiniLM-L6-v2) to ONNX, build variants, gate, pick one.
+"""Optimize an encoder: export to ONNX, build variants, gate each against the original, time
+those that pass, and write the fastest as a servable model folder.
 
-The exported graph takes `input_ids` and `attention_mask` (int64 [batch, seq]) and returns
-`embedding` (float32 [batch, 384]): mean pooling over the mask and L2 normalisation happen in
-the graph, so the server only slices rows.
+The gate compares every variant with the original model on real inputs, tokenized exactly as the
+server tokenizes them (`tokenizers`, truncation, padding per batch), at several batch sizes:
+dynamic int8 quantizes activations per tensor, so an item's output depends on what else is in
+its batch, and the gate has to hold for the batches the server forms.
+- embed: cosine of the embeddings (fp32: mean >= 0.9999; reduced precision: mean >= 0.99 and
+  min >= 0.97) and, for normalising models, unit rows;
+- classify and pair: agreement of the top-1 label (fp32: >= 99.9% and probabilities within
+  1e-3; reduced precision: >= 99%).
+The original is sentence-transformers itself for a sentence-transformers folder (the embed
+task), and otherwise the Hugging Face model in PyTorch wrapped with the same pooling or softmax
+as the graph (`export.wrap`).
 
-Every variant is checked against sentence-transformers on real queries, tokenized exactly as the
-server tokenizes them (`tokenizers`, truncation at 256, padding per batch), at several batch
-sizes: dynamic int8 quantizes activations per tensor, so a query's embedding depends on what
-else is in its batch, and the gate has to hold for the batches the server forms. The fastest
-variant that passes becomes `model.onnx`.
-
-Recipes kept (each passed and won on some batch size in the exploration; the rest are gone):
-- `fp32`: the plain export, the reference and the fallback.
-- `fp32-fused`: ONNX Runtime's transformer fusions (Attention, SkipLayerNormalization, ...):
-  faster than `fp32` for lone queries, level at batch 32.
-- `int8-smoothquant` (plain graph) and `int8-smoothquant-fused` (fused graph): SmoothQuant-style
-  scaling calibrated on real utterances, then dynamic int8 with per-channel weights. The fused
-  one is faster for lone queries, the plain one at batch 32, so both are timed. Plain dynamic
-  int8 is about as fast but only just clears the gate (min cosine 0.972 at batch 32, 0.970 at
-  batch 128): a few activation channels carry outliers that wreck a per-tensor int8 scale, and
-  moving part of that range into the weights, which are quantized per channel, removes most of
-  the error (min cosine 0.99).
+`prepare_encoder` is the default model's first-run preparation: the same steps on
+all-MiniLM-L6-v2 with fp32 and int8 candidates, into the default repository's `embed` folder.
 """
 
 from __future__ import annotations
@@ -33,12 +27,11 @@ import shutil
 import statistics
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -55,30 +48,39 @@ from rich.progress import (
 from tokenizers import Tokenizer
 
 from queryserve.errors import ExportError
-from queryserve.pipelines.text_embedding import open_tokenizer, pad_token_ids
-
-if TYPE_CHECKING:
-    import onnx
+from queryserve.optimize.recipes import (
+    RECIPES,
+    SMOOTHING_ALPHA,
+    BuildInputs,
+    Precision,
+    Recipe,
+    build_variants,
+    recipes_for,
+)
+from queryserve.optimize.source import Source, inspect_source, tokenizer_file
+from queryserve.pipelines.text_embedding import open_tokenizer
 
 log = logging.getLogger(__name__)
+
+__all__ = ["RECIPES", "SMOOTHING_ALPHA", "Precision", "optimize_encoder", "prepare_encoder"]
 
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
 Feeds = dict[str, Ints]
-Precision = Literal["fp32", "int8"]
+Item = str | tuple[str, str]  # a text, or a pair of texts for the pair task
 
-INPUT_NAMES = ("input_ids", "attention_mask")
-OUTPUT_NAME = "embedding"
-EMBEDDING_DIM = 384
-MAX_SEQ_LENGTH = 256  # the model's max_seq_length (sentence_bert_config.json); the server's too
+EMBEDDING_OUTPUT = "embedding"
+MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
 
-# The gate from the issue. fp32 must match sentence-transformers to rounding; a reduced
-# precision may drift a little on average but never badly on any single query.
+# The gates. fp32 must match the original to rounding; a reduced precision may drift a little
+# on average but never badly on any single input.
 FP32_MIN_MEAN = 0.9999
 REDUCED_MIN_MEAN = 0.99
 REDUCED_MIN_MIN = 0.97
-# Pooling and normalisation are in the graph, so every row must already be unit length.
-NORM_TOLERANCE = 1e-3
+NORM_TOLERANCE = 1e-3  # pooling and normalisation are in the graph: rows must be unit already
+FP32_MIN_AGREEMENT = 0.999
+FP32_MAX_PROBABILITY_ERROR = 1e-3
+REDUCED_MIN_AGREEMENT = 0.99
 
 # Batch 1 (a lone query), 32 (timed) and 64 (the server's max_batch_size).
 PARITY_BATCH_SIZES = (1, 32, 64)
@@ -86,42 +88,77 @@ TIMING_BATCH_SIZES = (1, 32)
 TIMING_SECONDS = 2.0
 TIMING_ROUNDS = 3
 THREADS = 2
-
-# SmoothQuant's migration strength: 0.75 gave the best held-out parity when swept over
-# 0.5..0.9 (0.5 is worse than no smoothing here; 0.9 pushes too much range into the weights).
-SMOOTHING_ALPHA = 0.75
 CALIBRATION_BATCH = 32
 
 
 @dataclass(frozen=True)
 class Parity:
-    """Agreement of a variant with sentence-transformers, worst case over the batch sizes."""
+    """Agreement of a variant with the original, worst case over the batch sizes.
+
+    embed: `mean`/`min` are cosines and `max_error` is the largest |norm - 1| (0 when the model
+    does not normalise). classify and pair: `mean` and `min` are both the top-1 agreement and
+    `max_error` is the largest difference of a probability.
+    """
 
     precision: Precision
+    metric: str  # "cosine" or "top1"
     mean: float
     min: float
-    max_norm_error: float
+    max_error: float
     batch_sizes: tuple[int, ...]
     passed: bool
 
+    @property
+    def max_norm_error(self) -> float:
+        return self.max_error
+
     def describe(self) -> str:
+        sizes = f"over batch sizes {list(self.batch_sizes)}"
+        if self.metric == "top1":
+            return (f"top-1 agreement {self.mean:.2%}, max |probability difference| "
+                    f"{self.max_error:.1e} {sizes}")
         return (f"mean cosine {self.mean:.6f}, min {self.min:.6f}, max |norm-1| "
-                f"{self.max_norm_error:.1e} over batch sizes {list(self.batch_sizes)}")
+                f"{self.max_error:.1e} {sizes}")
+
+    def brief(self) -> str:
+        if self.metric == "top1":
+            return f"top-1 {self.mean:.2%}, max |dp| {self.max_error:.1e}"
+        return f"cos mean {self.mean:.5f} min {self.min:.5f}"
+
+    def shortfall(self) -> str:
+        """What the variant missed its gate by, or '' if it passed."""
+        if self.passed:
+            return ""
+        misses = []
+        for label, value, bound, higher in _bounds(self):
+            if (value < bound) if higher else (value > bound):
+                misses.append(f"{label} {value:.6f} {'<' if higher else '>'} {bound} "
+                              f"(by {abs(value - bound):.6f})")
+        return "; ".join(misses)
 
 
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    precision: Precision
-    base: str  # the variant it is built from
-    description: str
-    build: Callable[[Path, Path, BuildInputs], None]
+def _bounds(parity: Parity) -> list[tuple[str, float, float, bool]]:
+    fp32 = parity.precision == "fp32"
+    if parity.metric == "top1":
+        bounds = [("top-1 agreement", parity.mean,
+                   FP32_MIN_AGREEMENT if fp32 else REDUCED_MIN_AGREEMENT, True)]
+        if fp32:
+            bounds.append(("max |probability difference|", parity.max_error,
+                           FP32_MAX_PROBABILITY_ERROR, False))
+        return bounds
+    if fp32:
+        bounds = [("mean cosine", parity.mean, FP32_MIN_MEAN, True)]
+    else:
+        bounds = [("mean cosine", parity.mean, REDUCED_MIN_MEAN, True),
+                  ("min cosine", parity.min, REDUCED_MIN_MIN, True)]
+    return [*bounds, ("max |norm-1|", parity.max_error, NORM_TOLERANCE, False)]
 
 
-@dataclass(frozen=True)
-class BuildInputs:
-    tokenizer_path: Path
-    calibration_texts: Sequence[str]
+def gate(precision: Precision, mean: float, minimum: float) -> bool:
+    """The embedding gate on cosines alone (the norm is checked beside it)."""
+    if precision == "fp32":
+        return mean >= FP32_MIN_MEAN
+    return mean >= REDUCED_MIN_MEAN and minimum >= REDUCED_MIN_MIN
 
 
 @dataclass(frozen=True)
@@ -137,6 +174,16 @@ class VariantReport:
 
 
 @dataclass(frozen=True)
+class Speed:
+    """Before/after figures for the report: file size, load time, batch 1 and batch 32."""
+
+    size_mb: float
+    load_s: float
+    batch_1_ms: float
+    batch_32_per_s: float
+
+
+@dataclass(frozen=True)
 class PrepareReport:
     chosen: str
     reason: str
@@ -144,304 +191,175 @@ class PrepareReport:
     model_path: Path
     report_path: Path
     elapsed_s: float
+    forced: bool = False
+    before: Speed | None = None  # the original in PyTorch, when measured
+    after: Speed | None = None  # the chosen variant
 
 
-# -- export ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """What to build and check: the inputs of one optimization run."""
+
+    source: Source
+    precisions: tuple[Precision, ...]
+    parity_items: Sequence[Item]
+    calibration_items: Sequence[Item]
+    timing_seconds: float = TIMING_SECONDS
+    timing_rounds: int = TIMING_ROUNDS
+    parity_batch_sizes: Sequence[int] = PARITY_BATCH_SIZES
+    force: bool = False  # write the best variant even if none passes its gate
+    measure_original: bool = False  # time the PyTorch original for the report
+    model_config: str | None = None  # model.yaml to write, or None to keep the folder's own
+    extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
 
 
-def export_onnx(hf_dir: Path, out_path: Path) -> None:
-    """Export the sentence-transformers folder `hf_dir` to ONNX with pooling in the graph."""
-    import torch  # lazily: the serving path must never import torch
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    # Eager attention: ORT's Attention fusion recognises the eager pattern, not the SDPA one.
-    model = AutoModel.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
-    wrapper = _wrap(torch, model)
-    # The example batch is padded on purpose, so tracing cannot specialise on an all-ones mask.
-    input_ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.int64)
-    attention_mask = (input_ids != 0).to(torch.int64)
-    token_axes = {0: "batch", 1: "seq"}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # TracerWarnings from transformers' mask helpers
-        torch.onnx.export(
-            wrapper, (input_ids, attention_mask), str(out_path),
-            input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
-            dynamic_axes={"input_ids": token_axes, "attention_mask": token_axes,
-                          OUTPUT_NAME: {0: "batch"}},
-            opset_version=17, dynamo=False, do_constant_folding=True,
-        )
-    _record_shape(out_path, model.config.num_attention_heads, model.config.hidden_size)
+# -- tokenization as the server does it ------------------------------------------------------
 
 
-def _wrap(torch: Any, model: Any) -> Any:
-    """A module with the served signature around a transformers BertModel."""
-
-    class Wrapper(torch.nn.Module):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            # Keyword arguments: transformers 5 rejects positional ones. Token types are all
-            # zero for single-segment queries, so they are made here, not fed by the server.
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            # Same arithmetic as sentence-transformers' Pooling (mean) and Normalize modules.
-            mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(mean, p=2.0, dim=1)
-
-    return Wrapper().eval()
+def load_tokenizer(tokenizer_path: Path, max_length: int = MAX_SEQ_LENGTH) -> Tokenizer:
+    """The server's tokenizer, set up as the server sets it up (truncation, no padding)."""
+    return open_tokenizer(tokenizer_path, max_length)
 
 
-def _record_shape(path: Path, heads: int, hidden: int) -> None:
-    """Keep the attention shape in the model, so the fusion step needs no Hugging Face folder."""
-    import onnx
-
-    model = onnx.load(str(path))
-    for key, value in (("num_attention_heads", heads), ("hidden_size", hidden)):
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, str(value)
-    onnx.save(model, str(path))
+def encode(tokenizer: Tokenizer, items: Sequence[Item]) -> list[tuple[list[int], list[int]]]:
+    """(token ids, segment ids) per item."""
+    if len(items) == 1:  # as the server does: encode() skips encode_batch's thread pool
+        item = items[0]
+        one = tokenizer.encode(*item) if isinstance(item, tuple) else tokenizer.encode(item)
+        return [(one.ids, one.type_ids)]
+    return [(e.ids, e.type_ids) for e in tokenizer.encode_batch(list(items))]
 
 
-# -- variants --------------------------------------------------------------------------------
+def feeds(rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+          inputs: Sequence[str] = ("input_ids", "attention_mask")) -> Feeds:
+    """Pad to the batch's longest row with id 0; the attention mask; segment ids if wanted."""
+    longest = max(len(ids) for ids, _ in rows)
+    out = {name: np.zeros((len(rows), longest), dtype=np.int64) for name in inputs}
+    for row, (ids, types) in enumerate(rows):
+        out["input_ids"][row, : len(ids)] = ids
+        out["attention_mask"][row, : len(ids)] = 1
+        if "token_type_ids" in out:
+            out["token_type_ids"][row, : len(types)] = types
+    return out
 
 
-def fuse_transformer_ops(src: Path, dst: Path, inputs: BuildInputs | None = None) -> None:
-    """ONNX Runtime's BERT fusions; Python-level only (opt_level 0) so the file stays portable:
-    the session applies its own hardware-specific optimisations when it loads the model."""
-    import onnx
-    from onnxruntime.transformers import optimizer
-
-    meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
-    fused = optimizer.optimize_model(
-        str(src), model_type="bert", num_heads=int(meta["num_attention_heads"]),
-        hidden_size=int(meta["hidden_size"]), opt_level=0, use_gpu=False,
-    )
-    stats = {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
-    log.info("fused operators: %s", stats)
-    fused.save_model_to_file(str(dst))
+def batches(tokenizer: Tokenizer, items: Sequence[Item], batch_size: int,
+            inputs: Sequence[str]) -> list[Feeds]:
+    return [feeds(encode(tokenizer, items[i:i + batch_size]), inputs)
+            for i in range(0, len(items), batch_size)]
 
 
-def quantize_int8_smoothed(src: Path, dst: Path, inputs: BuildInputs) -> None:
-    """Dynamic per-channel int8 after SmoothQuant-style scaling calibrated on `inputs`."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    if not inputs.calibration_texts:
-        raise ValueError("int8 needs calibration texts")
-    model = onnx.load(str(src))
-    consumers = _weight_consumers(model)
-    absmax = _activation_absmax(model, list(consumers), inputs)
-    _smooth(model, consumers, absmax, SMOOTHING_ALPHA)
-    smoothed = dst.with_name(dst.stem + ".smoothed.onnx")
-    onnx.save(model, str(smoothed))
-    with _root_warnings_dropped():
-        quantize_dynamic(
-            str(smoothed), str(dst), weight_type=QuantType.QInt8, per_channel=True,
-            op_types_to_quantize=["MatMul", "Attention"],
-            # Activation x activation products (unfused attention) have no weight to quantize.
-            nodes_to_exclude=_activation_matmuls(model),
-            # Shape inference cannot type contrib ops' outputs (Attention); they are all float.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-    smoothed.unlink()
+# -- sessions, outputs and the gate ----------------------------------------------------------
 
 
-class _DropRootWarnings(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
+def _session(model: Path | bytes, threads: int = THREADS) -> ort.InferenceSession:
+    """The server's session settings (backends/onnxruntime.py), so timings match serving."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # the quantized graphs draw harmless shape-merge warnings
+    source = str(model) if isinstance(model, Path) else model
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-@contextmanager
-def _root_warnings_dropped() -> Iterator[None]:
-    """onnxruntime.quantization logs generic advice ("consider pre-processing") through the
-    root logger; on a user's first run it reads like a problem, so it is dropped here."""
-    root = logging.getLogger()
-    drop = _DropRootWarnings()
-    root.addFilter(drop)
-    try:
-        yield
-    finally:
-        root.removeFilter(drop)
+def _input_names(session: ort.InferenceSession) -> tuple[str, ...]:
+    return tuple(i.name for i in session.get_inputs())
 
 
-_INT8 = (f"SmoothQuant scaling (alpha {SMOOTHING_ALPHA}, calibrated on the calibration texts), "
-         "then dynamic int8 with per-channel weights (quantize_dynamic, MatMul and Attention)")
-
-RECIPES: tuple[Recipe, ...] = (
-    Recipe("fp32-fused", "fp32", "fp32",
-           "ONNX Runtime transformer fusions (onnxruntime.transformers.optimizer, bert, "
-           "opt_level 0)", fuse_transformer_ops),
-    Recipe("int8-smoothquant", "int8", "fp32", f"plain graph: {_INT8}", quantize_int8_smoothed),
-    Recipe("int8-smoothquant-fused", "int8", "fp32-fused", f"fused graph: {_INT8}",
-           quantize_int8_smoothed),
-)
-
-
-def build_variants(fp32_path: Path, out_dir: Path, calibration_texts: Sequence[str], *,
-                   tokenizer_path: Path,
-                   on_recipe: Callable[[Recipe], None] | None = None,
-                   ) -> tuple[dict[str, Path], dict[str, str]]:
-    """Build every recipe into `out_dir`: (paths of those built, errors of those that failed).
-
-    A recipe that fails to build is reported, not raised: fp32 can always be served.
-    """
-    inputs = BuildInputs(tokenizer_path, calibration_texts)
-    built: dict[str, Path] = {"fp32": fp32_path}
-    errors: dict[str, str] = {}
-    for recipe in RECIPES:
-        if on_recipe is not None:
-            on_recipe(recipe)
-        if recipe.base not in built:
-            errors[recipe.name] = f"its base {recipe.base} was not built"
-            continue
-        path = out_dir / f"{recipe.name}.onnx"
-        try:
-            recipe.build(built[recipe.base], path, inputs)
-        except Exception as error:  # a broken recipe must not stop the others or fp32
-            log.warning("variant %s failed to build: %s", recipe.name, error)
-            errors[recipe.name] = f"{type(error).__name__}: {error}"
-            continue
-        built[recipe.name] = path
-    del built["fp32"]
-    return built, errors
+def _check_contract(session: ort.InferenceSession, output: str, width: int) -> None:
+    """The server feeds int64 token tensors and reads exactly one float [batch, width]."""
+    inputs = {i.name: i.type for i in session.get_inputs()}
+    outputs = {o.name: (o.type, o.shape) for o in session.get_outputs()}
+    allowed = {"input_ids", "attention_mask", "token_type_ids"}
+    if (set(inputs) - allowed or not {"input_ids", "attention_mask"} <= set(inputs)
+            or set(inputs.values()) != {"tensor(int64)"} or list(outputs) != [output]):
+        raise ExportError(f"the encoder's signature is {inputs} -> {outputs}; the server needs "
+                          f"int64 input_ids, attention_mask[, token_type_ids] -> "
+                          f"{{'{output}': float [batch, {width}]}}")
+    kind, shape = outputs[output]
+    if kind != "tensor(float)" or len(shape) != 2 or shape[1] != width:
+        raise ExportError(f"the encoder's output is {kind} {shape}; the server needs float "
+                          f"[batch, {width}]")
 
 
-def _weight_consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    """Activation tensor -> the MatMul/Attention nodes that multiply it by a float weight."""
-    initializers = {i.name: i for i in model.graph.initializer}
-    uses: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2:
-            continue
-        weight = initializers.get(node.input[1])
-        # A weight shared with another node cannot be rescaled for this node alone.
-        if weight is None or uses[weight.name] != 1 or len(weight.dims) != 2:
-            continue
-        consumers.setdefault(node.input[0], []).append(node)
-    return consumers
+def _outputs(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
+             batch_size: int) -> Floats:
+    names = _input_names(session)
+    output = session.get_outputs()[0].name
+    parts = [np.asarray(session.run([output], feed)[0], dtype=np.float32)
+             for feed in batches(tokenizer, items, batch_size, names)]
+    return np.concatenate(parts)
 
 
-def _activation_matmuls(model: onnx.ModelProto) -> list[str]:
-    initializers = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node
-            if n.op_type == "MatMul" and not any(i in initializers for i in n.input)]
+def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
+           batch_size: int) -> Floats:
+    return _outputs(session, tokenizer, queries, batch_size)
 
 
-def _activation_absmax(model: onnx.ModelProto, names: list[str],
-                       inputs: BuildInputs) -> dict[str, Floats]:
-    """Per-channel max |x| of each named tensor over the calibration texts, batched and padded
-    like served traffic (padding rows go through the same int8 scale when served)."""
-    import onnx
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    for name in names:
-        probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
-                                                                     None))
-    session = _session(probe.SerializeToString())
-    tokenizer = load_tokenizer(inputs.tokenizer_path)
-    absmax: dict[str, Floats] = {}
-    texts = list(inputs.calibration_texts)
-    for start in range(0, len(texts), CALIBRATION_BATCH):
-        feeds = pad_token_ids(_tokenize(tokenizer, texts[start:start + CALIBRATION_BATCH]))
-        for name, value in zip(names, session.run(names, feeds), strict=True):
-            channel_max = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
-            absmax[name] = np.maximum(absmax[name], channel_max) if name in absmax else channel_max
-    return absmax
+def compare(precision: Precision, metric: str, outputs: Floats, reference: Floats,
+            normalized: bool) -> tuple[float, float, float]:
+    """(mean, min, max_error) of one batch size's outputs against the reference."""
+    if outputs.shape != reference.shape:
+        raise ExportError(f"the encoder returned {outputs.shape}, expected {reference.shape}")
+    if metric == "top1":
+        agreement = float(np.mean(outputs.argmax(axis=1) == reference.argmax(axis=1)))
+        error = float(np.nan_to_num(np.abs(outputs - reference), nan=np.inf).max())
+        return agreement, agreement, error
+    norms = np.linalg.norm(outputs, axis=1)
+    cosines = np.sum(outputs * reference, axis=1) / (
+        np.maximum(norms, 1e-12) * np.linalg.norm(reference, axis=1))
+    cosines = np.nan_to_num(cosines, nan=-1.0)  # a non-finite row counts as opposite
+    norm_error = (float(np.nan_to_num(np.abs(norms - 1.0), nan=np.inf).max()) if normalized
+                  else 0.0)
+    return float(cosines.mean()), float(cosines.min()), norm_error
 
 
-def _smooth(model: onnx.ModelProto, consumers: Mapping[str, list[onnx.NodeProto]],
-            absmax: Mapping[str, Floats], alpha: float) -> None:
-    """x @ W == (x / s) @ (s * W): divide each activation channel by s and scale the matching
-    weight rows by s, with s = max|x|^alpha / max|W|^(1 - alpha) (SmoothQuant). The division is
-    an explicit Mul (it cannot be folded into a LayerNorm whose output also feeds a residual)."""
-    import onnx
-    from onnx import numpy_helper
-
-    initializers = {i.name: i for i in model.graph.initializer}
-    for activation, nodes in consumers.items():
-        weights = [numpy_helper.to_array(initializers[n.input[1]]) for n in nodes]
-        weight_max = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
-        scale = (np.maximum(absmax[activation], 1e-5) ** alpha
-                 / np.maximum(weight_max, 1e-5) ** (1.0 - alpha)).astype(np.float32)
-        for node, weight in zip(nodes, weights, strict=True):
-            scaled = (weight * scale[:, None]).astype(np.float32)
-            initializers[node.input[1]].CopyFrom(numpy_helper.from_array(scaled, node.input[1]))
-        inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32),
-                                          f"{activation}_smooth_inv")
-        model.graph.initializer.append(inverse)
-        smoothed = f"{activation}_smoothed"
-        for node in nodes:
-            node.input[0] = smoothed
-        # Insert before the first consumer so the node list stays topologically sorted.
-        first = min(list(model.graph.node).index(n) for n in nodes)
-        model.graph.node.insert(first, onnx.helper.make_node(
-            "Mul", [activation, inverse.name], [smoothed], name=f"{activation}_smooth"))
-
-
-# -- parity and speed ------------------------------------------------------------------------
-
-
-def load_tokenizer(tokenizer_path: Path) -> Tokenizer:
-    """The server's tokenizer, set up as the server sets it up (truncation at 256)."""
-    return open_tokenizer(tokenizer_path, MAX_SEQ_LENGTH)
-
-
-def reference_embeddings(hf_dir: Path, queries: Sequence[str]) -> Floats:
-    """What sentence-transformers itself returns for the queries, unit-normalised."""
-    from sentence_transformers import SentenceTransformer  # lazily: imports torch
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    model = SentenceTransformer(str(hf_dir), device="cpu")
-    vectors = model.encode(list(queries), normalize_embeddings=True, batch_size=32,
-                           show_progress_bar=False, convert_to_numpy=True)
-    return np.asarray(vectors, dtype=np.float32)
-
-
-def gate(precision: Precision, mean: float, minimum: float) -> bool:
-    if precision == "fp32":
-        return mean >= FP32_MIN_MEAN
-    return mean >= REDUCED_MIN_MEAN and minimum >= REDUCED_MIN_MIN
+def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
+            reference: Floats, precision: Precision, batch_sizes: Sequence[int], *,
+            metric: str = "cosine", normalized: bool = True) -> Parity:
+    output = session.get_outputs()[0].name
+    _check_contract(session, output, reference.shape[1])
+    results = [compare(precision, metric, _outputs(session, tokenizer, items, b), reference,
+                       normalized) for b in batch_sizes]
+    mean = min(r[0] for r in results)
+    minimum = min(r[1] for r in results)
+    error = max(r[2] for r in results)
+    draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True)
+    passed = all(((v >= b) if higher else (v <= b)) for _, v, b, higher in _bounds(draft))
+    return Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), passed)
 
 
 def parity(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], reference: Floats, *,
            precision: Precision = "fp32",
            batch_sizes: Sequence[int] = PARITY_BATCH_SIZES) -> Parity:
-    """Cosine agreement of the model with `reference`, worst case over `batch_sizes`."""
-    session = _session(onnx_path)
-    return _parity(session, load_tokenizer(tokenizer_path), queries, reference, precision,
-                   batch_sizes)
+    """Cosine agreement of an embedding model with `reference`, worst case over batch sizes."""
+    return _parity(_session(onnx_path), load_tokenizer(tokenizer_path), queries, reference,
+                   precision, batch_sizes)
 
 
-def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
-            reference: Floats, precision: Precision, batch_sizes: Sequence[int]) -> Parity:
-    _check_contract(session)
-    means, mins, norm_errors = [], [], []
-    for batch_size in batch_sizes:
-        embeddings = _embed(session, tokenizer, queries, batch_size)
-        if embeddings.shape != reference.shape:
-            raise ExportError(f"the encoder returned {embeddings.shape}, expected "
-                              f"{reference.shape}")
-        norms = np.linalg.norm(embeddings, axis=1)
-        cosines = np.sum(embeddings * reference, axis=1) / (
-            np.maximum(norms, 1e-12) * np.linalg.norm(reference, axis=1))
-        cosines = np.nan_to_num(cosines, nan=-1.0)  # a non-finite row counts as opposite
-        means.append(float(cosines.mean()))
-        mins.append(float(cosines.min()))
-        norm_errors.append(float(np.nan_to_num(np.abs(norms - 1.0), nan=np.inf).max()))
-    mean, minimum, norm_error = min(means), min(mins), max(norm_errors)
-    passed = gate(precision, mean, minimum) and norm_error <= NORM_TOLERANCE
-    return Parity(precision, mean, minimum, norm_error, tuple(batch_sizes), passed)
+def reference_embeddings(hf_dir: Path, queries: Sequence[str]) -> Floats:
+    """What sentence-transformers itself returns for the queries."""
+    from sentence_transformers import SentenceTransformer  # lazily: imports torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    model = SentenceTransformer(str(hf_dir), device="cpu")
+    vectors = model.encode(list(queries), batch_size=32, show_progress_bar=False,
+                           convert_to_numpy=True)
+    return np.asarray(vectors, dtype=np.float32)
+
+
+def export_onnx(hf_dir: Path, out_path: Path) -> None:
+    """Export a sentence-transformers folder for the embed task (the default model's path)."""
+    from queryserve.optimize.export import export_encoder
+
+    export_encoder(inspect_source(hf_dir, "embed"), out_path)
+
+
+# -- timing ----------------------------------------------------------------------------------
 
 
 def throughput(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], batch_size: int,
@@ -454,133 +372,32 @@ def throughput(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], ba
                              for _ in range(repeats))
 
 
-def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
+def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[Item],
              batch_size: int, seconds: float) -> float:
     """Whole passes over `queries` until `seconds` have gone by: every measurement runs the same
-    mix of query lengths, so variants and rounds compare like for like."""
-    batches = [queries[i:i + batch_size] for i in range(0, len(queries), batch_size)]
+    mix of input lengths, so variants and rounds compare like for like."""
+    names = _input_names(session)
+    output = [session.get_outputs()[0].name]
+    groups = [queries[i:i + batch_size] for i in range(0, len(queries), batch_size)]
     done = 0
     start = time.perf_counter()
     while True:
-        for batch in batches:
-            session.run([OUTPUT_NAME], pad_token_ids(_tokenize(tokenizer, batch)))
+        for group in groups:
+            session.run(output, feeds(encode(tokenizer, group), names))
         done += len(queries)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return done / elapsed
 
 
-def _warm_up(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
+def _warm_up(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[Item],
              batch_size: int) -> None:
+    names = _input_names(session)
     for _ in range(3):
-        session.run([OUTPUT_NAME], pad_token_ids(_tokenize(tokenizer, queries[:batch_size])))
+        session.run(None, feeds(encode(tokenizer, queries[:batch_size]), names))
 
 
-def _session(model: Path | bytes) -> ort.InferenceSession:
-    """The server's session settings (backends/onnxruntime.py), so timings match serving."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3  # the quantized graphs draw harmless shape-merge warnings
-    source = str(model) if isinstance(model, Path) else model
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-
-def _check_contract(session: ort.InferenceSession) -> None:
-    """The server feeds exactly these inputs and reads exactly this output."""
-    inputs = {i.name: i.type for i in session.get_inputs()}
-    outputs = {o.name: (o.type, o.shape) for o in session.get_outputs()}
-    expected = dict.fromkeys(INPUT_NAMES, "tensor(int64)")
-    if inputs != expected or list(outputs) != [OUTPUT_NAME]:
-        raise ExportError(f"the encoder's signature is {inputs} -> {outputs}; the server needs "
-                          f"{expected} -> {{'{OUTPUT_NAME}': float [batch, {EMBEDDING_DIM}]}}")
-    kind, shape = outputs[OUTPUT_NAME]
-    if kind != "tensor(float)" or len(shape) != 2 or shape[1] != EMBEDDING_DIM:
-        raise ExportError(f"the encoder's output is {kind} {shape}; the server needs float "
-                          f"[batch, {EMBEDDING_DIM}]")
-
-
-def _tokenize(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    if len(texts) == 1:  # as the server does: encode() skips encode_batch's thread pool
-        return [tokenizer.encode(texts[0]).ids]
-    return [e.ids for e in tokenizer.encode_batch(list(texts))]
-
-
-def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
-           batch_size: int) -> Floats:
-    parts: list[Floats] = []
-    for start in range(0, len(queries), batch_size):
-        feeds = pad_token_ids(_tokenize(tokenizer, queries[start:start + batch_size]))
-        parts.append(np.asarray(session.run([OUTPUT_NAME], feeds)[0], dtype=np.float32))
-    return np.concatenate(parts)
-
-
-# -- the whole preparation -------------------------------------------------------------------
-
-
-def prepare_encoder(hf_dir: Path, model_dir: Path, *, parity_queries: Sequence[str],
-                    calibration_texts: Sequence[str], progress: Progress | bool = True,
-                    timing_seconds: float = TIMING_SECONDS, timing_rounds: int = TIMING_ROUNDS,
-                    parity_batch_sizes: Sequence[int] = PARITY_BATCH_SIZES,
-                    ) -> PrepareReport:
-    """Export, build variants, gate each against sentence-transformers, time those that pass,
-    and write the fastest as `model_dir/model.onnx` (others that passed under `variants/`),
-    with `tokenizer.json` and `prepare.json`. Raises ExportError if fp32 itself fails."""
-    started = time.perf_counter()
-    if not parity_queries:
-        raise ExportError("prepare_encoder needs parity queries")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer_src = hf_dir / "tokenizer.json"
-    # Build next to the destination so the final moves are renames on one filesystem.
-    with tempfile.TemporaryDirectory(dir=model_dir, prefix=".prepare-") as scratch, \
-            _display(progress) as display:
-        work = Path(scratch)
-        steps = _Steps(display, 3 + 2 * len(RECIPES) + 1)
-        steps.next("exporting all-MiniLM-L6-v2 to ONNX (fp32)")
-        fp32_path = work / "fp32.onnx"
-        export_onnx(hf_dir, fp32_path)
-        steps.next("sentence-transformers reference embeddings")
-        reference = reference_embeddings(hf_dir, parity_queries)
-        steps.next("parity of fp32")
-        tokenizer = load_tokenizer(tokenizer_src)
-        fp32 = _parity(_session(fp32_path), tokenizer, parity_queries, reference, "fp32",
-                       parity_batch_sizes)
-        if not fp32.passed:
-            raise ExportError(f"the fp32 ONNX export fails its accuracy gate (mean cosine >= "
-                              f"{FP32_MIN_MEAN}, |norm-1| <= {NORM_TOLERANCE}): "
-                              f"{fp32.describe()}")
-        built, errors = build_variants(
-            fp32_path, work, calibration_texts, tokenizer_path=tokenizer_src,
-            on_recipe=lambda r: steps.next(f"building {r.name}"))
-        paths = {"fp32": fp32_path, **built}
-        results = {"fp32": fp32}
-        for recipe in RECIPES:
-            steps.next(f"parity of {recipe.name}")
-            if recipe.name in built:
-                results[recipe.name] = _parity(_session(built[recipe.name]), tokenizer,
-                                               parity_queries, reference, recipe.precision,
-                                               parity_batch_sizes)
-        passed = [name for name, result in results.items() if result.passed]
-        steps.grow(timing_rounds * len(TIMING_BATCH_SIZES) * len(passed))
-        speeds = _time_variants({n: paths[n] for n in passed}, tokenizer, parity_queries,
-                                timing_seconds, timing_rounds, steps)
-        chosen, reason = _choose(speeds, results)
-        steps.next("writing the model folder")
-        files = _install(model_dir, paths, passed, chosen, tokenizer_src)
-        variants = _reports(results, speeds, files, errors)
-        elapsed = time.perf_counter() - started
-        report_path = model_dir / "prepare.json"
-        _write_report(report_path, variants, chosen, reason, elapsed, parity_queries,
-                      calibration_texts, timing_seconds, timing_rounds)
-        steps.finish()
-    return PrepareReport(chosen, reason, variants, model_dir / "model.onnx", report_path,
-                         elapsed)
-
-
-def _time_variants(paths: Mapping[str, Path], tokenizer: Tokenizer, queries: Sequence[str],
+def _time_variants(paths: Mapping[str, Path], tokenizer: Tokenizer, items: Sequence[Item],
                    seconds: float, rounds: int, steps: _Steps) -> dict[str, dict[int, float]]:
     """Median q/s per variant and batch size. Rounds interleave the variants, so a slow spell
     on a shared machine hits all of them alike instead of one variant's whole measurement."""
@@ -589,15 +406,170 @@ def _time_variants(paths: Mapping[str, Path], tokenizer: Tokenizer, queries: Seq
                                                   for n in sessions}
     for session in sessions.values():
         for batch_size in TIMING_BATCH_SIZES:
-            _warm_up(session, tokenizer, queries, batch_size)
+            _warm_up(session, tokenizer, items, batch_size)
     for round_ in range(rounds):
         for batch_size in TIMING_BATCH_SIZES:
             for name, session in sessions.items():
                 steps.next(f"timing {name}, batch {batch_size} (round {round_ + 1}/{rounds})")
                 samples[name][batch_size].append(
-                    _measure(session, tokenizer, queries, batch_size, seconds))
+                    _measure(session, tokenizer, items, batch_size, seconds))
     return {n: {b: statistics.median(s) for b, s in by_batch.items()}
             for n, by_batch in samples.items()}
+
+
+def _onnx_speed(path: Path, speeds: Mapping[int, float]) -> Speed:
+    started = time.perf_counter()
+    _session(path)
+    load_s = time.perf_counter() - started
+    return Speed(path.stat().st_size / 1e6, load_s, 1000.0 / speeds[1], speeds[32])
+
+
+def _torch_speed(source: Source, tokenizer: Tokenizer, items: Sequence[Item], seconds: float,
+                 rounds: int) -> Speed:
+    """The original model in PyTorch fp32, on the same threads and inputs as the variants."""
+    import torch
+
+    from queryserve.optimize.export import load_torch_model, run_torch, wrap
+
+    torch.set_num_threads(THREADS)
+    started = time.perf_counter()
+    wrapper = wrap(source, load_torch_model(source))
+    load_s = time.perf_counter() - started
+    names = wrapper.signature.inputs
+    rates = {}
+    for batch_size in TIMING_BATCH_SIZES:
+        groups = batches(tokenizer, items[:max(batch_size * 4, 64)], batch_size, names)
+        run_torch(wrapper, groups[:1])  # warm-up
+        samples = []
+        for _ in range(rounds):
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                run_torch(wrapper, groups)
+                done += sum(len(g["input_ids"]) for g in groups)
+            samples.append(done / (time.perf_counter() - start))
+        rates[batch_size] = statistics.median(samples)
+    weights = [p for p in source.path.iterdir() if p.suffix in (".safetensors", ".bin")]
+    size = sum(p.stat().st_size for p in weights) / 1e6
+    return Speed(size, load_s, 1000.0 / rates[1], rates[32])
+
+
+# -- the whole run ---------------------------------------------------------------------------
+
+
+def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool = True,
+                     report_name: str = "prepare.json") -> PrepareReport:
+    """Export, build the variants of the planned precisions, gate each against the original,
+    time those that pass, and write the fastest as `model_dir/model.onnx` (others that passed
+    under `variants/`), with `tokenizer.json`, the report and, if planned, `model.yaml`.
+
+    Raises ExportError if the fp32 export itself fails its gate, or if no candidate passes
+    (unless `plan.force`, which writes the closest one and says so)."""
+    started = time.perf_counter()
+    source = plan.source
+    if not plan.parity_items:
+        raise ExportError("the accuracy gate needs real inputs; none were given")
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    recipes = recipes_for(plan.precisions)
+    metric = "cosine" if source.task == "embed" else "top1"
+    normalized = source.task == "embed" and source.normalize
+    # Build next to the destination so the final moves are renames on one filesystem.
+    with tempfile.TemporaryDirectory(dir=model_dir.parent, prefix=f".{model_dir.name}-") as tmp, \
+            _display(progress) as display:
+        work = Path(tmp)
+        steps = _Steps(display, 4 + 2 * len(recipes) + 1, f"optimizing {source.name}")
+        steps.next(f"exporting {source.name} to ONNX (fp32)")
+        fp32_path = work / "fp32.onnx"
+        export_onnx_for(source, fp32_path)
+        tokenizer_src = tokenizer_file(source, work)
+        tokenizer = load_tokenizer(tokenizer_src, source.max_length)
+        steps.next("outputs of the original model")
+        reference = original_outputs(source, tokenizer, plan.parity_items)
+        steps.next("parity of fp32")
+        results = {"fp32": _parity(_session(fp32_path), tokenizer, plan.parity_items, reference,
+                                   "fp32", plan.parity_batch_sizes, metric=metric,
+                                   normalized=normalized)}
+        if not results["fp32"].passed:
+            raise ExportError(f"the fp32 ONNX export fails its accuracy gate: "
+                              f"{results['fp32'].shortfall()} ({results['fp32'].describe()})")
+        inputs = BuildInputs(batches(tokenizer, plan.calibration_items, CALIBRATION_BATCH,
+                                     ("input_ids", "attention_mask", "token_type_ids")))
+        built, errors = build_variants(fp32_path, work, recipes, inputs,
+                                       on_recipe=lambda r: steps.next(f"building {r.name}"))
+        paths = {"fp32": fp32_path, **built}
+        for recipe in recipes:
+            steps.next(f"parity of {recipe.name}")
+            if recipe.name in built:
+                try:
+                    results[recipe.name] = _parity(
+                        _session(built[recipe.name]), tokenizer, plan.parity_items, reference,
+                        recipe.precision, plan.parity_batch_sizes, metric=metric,
+                        normalized=normalized)
+                except Exception as error:  # a graph the runtime cannot load or run
+                    errors[recipe.name] = f"{type(error).__name__}: {error}"
+                    del paths[recipe.name]
+        candidates = [n for n, r in results.items() if r.precision in plan.precisions]
+        passed = [n for n in candidates if results[n].passed]
+        forced = False
+        if not passed:
+            if not plan.force or not candidates:
+                raise ExportError(_no_candidate(plan, results, errors))
+            passed = [max(candidates, key=lambda n: (results[n].mean, results[n].min))]
+            forced = True
+        kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
+        steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(passed)
+                   + (1 if plan.measure_original else 0))
+        speeds = _time_variants({n: paths[n] for n in passed}, tokenizer, plan.parity_items,
+                                plan.timing_seconds, plan.timing_rounds, steps)
+        chosen, reason = _choose(speeds, results)
+        if forced:
+            reason = (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
+                      f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
+        before = None
+        if plan.measure_original:
+            steps.next("timing the original in PyTorch")
+            before = _torch_speed(source, tokenizer, plan.parity_items, plan.timing_seconds,
+                                  plan.timing_rounds)
+        after = _onnx_speed(paths[chosen], speeds[chosen])
+        steps.next("writing the model folder")
+        files = _install(work, model_dir, paths, kept, chosen, tokenizer_src, plan.model_config)
+        variants = _reports(results, speeds, files, errors, recipes)
+        elapsed = time.perf_counter() - started
+        report = PrepareReport(chosen, reason, variants, model_dir / "model.onnx",
+                               model_dir / report_name, elapsed, forced, before, after)
+        _write_report(report, plan)
+        steps.finish()
+    return report
+
+
+def export_onnx_for(source: Source, out_path: Path) -> None:
+    """The fp32 export (a seam the tests use to feed a damaged export through the gate)."""
+    from queryserve.optimize.export import export_encoder
+
+    export_encoder(source, out_path)
+
+
+def original_outputs(source: Source, tokenizer: Tokenizer, items: Sequence[Item]) -> Floats:
+    """What the original model returns: sentence-transformers for its own folders (embed),
+    otherwise the Hugging Face model in PyTorch with the graph's pooling or softmax."""
+    if source.task == "embed" and source.sentence_transformers:
+        return reference_embeddings(source.path, [str(i) for i in items])
+    from queryserve.optimize.export import load_torch_model, run_torch, wrap
+
+    wrapper = wrap(source, load_torch_model(source))
+    return run_torch(wrapper, batches(tokenizer, items, 32, wrapper.signature.inputs))
+
+
+def _no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str, str]) -> str:
+    lines = [f"no {'/'.join(plan.precisions)} variant of {plan.source.name} passes its "
+             "accuracy gate, so nothing was written (--force writes the closest anyway):"]
+    for name, result in results.items():
+        if result.precision in plan.precisions:
+            lines.append(f"  {name}: misses by {result.shortfall()}")
+    for name, error in errors.items():
+        lines.append(f"  {name}: not built: {error}")
+    if len(lines) == 1:
+        lines.append("  no variant of that precision could be built")
+    return "\n".join(lines)
 
 
 def _choose(speeds: Mapping[str, Mapping[int, float]],
@@ -617,64 +589,99 @@ def _choose(speeds: Mapping[str, Mapping[int, float]],
     return chosen, reason
 
 
-def _install(model_dir: Path, paths: Mapping[str, Path], passed: Sequence[str], chosen: str,
-             tokenizer_src: Path) -> dict[str, str]:
-    """Move the kept models into place; returns variant -> file relative to model_dir."""
+def _install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],
+             chosen: str, tokenizer_src: Path, model_config: str | None) -> dict[str, str]:
+    """Move the kept models into place; returns variant -> file relative to model_dir.
+
+    The folder's other files (its model.yaml, when not replaced) stay; stale variants go."""
+    model_dir.mkdir(parents=True, exist_ok=True)
     variants_dir = model_dir / "variants"
-    shutil.rmtree(variants_dir, ignore_errors=True)  # a previous run's variants are stale
+    shutil.rmtree(variants_dir, ignore_errors=True)
     variants_dir.mkdir()
     files: dict[str, str] = {}
-    for name in passed:
+    for name in kept:
         relative = "model.onnx" if name == chosen else f"variants/{name}.onnx"
         os.replace(paths[name], model_dir / relative)
         files[name] = relative
     shutil.copyfile(tokenizer_src, model_dir / "tokenizer.json")
+    if model_config is not None:
+        staged = work / "model.yaml"
+        staged.write_text(model_config, encoding="utf-8")
+        os.replace(staged, model_dir / "model.yaml")
     return files
 
 
 def _reports(results: Mapping[str, Parity], speeds: Mapping[str, Mapping[int, float]],
-             files: Mapping[str, str], errors: Mapping[str, str]) -> tuple[VariantReport, ...]:
-    recipes = {r.name: r for r in RECIPES}
+             files: Mapping[str, str], errors: Mapping[str, str],
+             recipes: Sequence[Recipe]) -> tuple[VariantReport, ...]:
     reports = [VariantReport("fp32", "fp32", "torch.onnx.export (TorchScript, opset 17), eager "
-                             "attention, mean pooling and L2 normalisation in the graph",
-                             results["fp32"].passed, results["fp32"], speeds.get("fp32", {}),
-                             files.get("fp32"))]
-    for name, recipe in recipes.items():
-        result = results.get(name)
-        reports.append(VariantReport(name, recipe.precision, recipe.description,
+                             "attention, pooling/softmax in the graph", results["fp32"].passed,
+                             results["fp32"], speeds.get("fp32", {}), files.get("fp32"))]
+    for recipe in recipes:
+        result = results.get(recipe.name)
+        reports.append(VariantReport(recipe.name, recipe.precision, recipe.description,
                                      result is not None and result.passed, result,
-                                     speeds.get(name, {}), files.get(name), errors.get(name)))
+                                     speeds.get(recipe.name, {}), files.get(recipe.name),
+                                     errors.get(recipe.name)))
     return tuple(reports)
 
 
-def _write_report(path: Path, variants: Sequence[VariantReport], chosen: str, reason: str,
-                  elapsed: float, parity_queries: Sequence[str],
-                  calibration_texts: Sequence[str], seconds: float, rounds: int) -> None:
-    document = {
-        "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "chosen": chosen,
-        "reason": reason,
-        "gate": {"fp32": {"mean_min": FP32_MIN_MEAN},
-                 "reduced": {"mean_min": REDUCED_MIN_MEAN, "min_min": REDUCED_MIN_MIN},
+def _write_report(report: PrepareReport, plan: Plan) -> None:
+    source = plan.source
+    document: dict[str, Any] = {
+        "model": str(plan.extra.get("model", source.path)),
+        "task": source.task,
+        "precisions": list(plan.precisions),
+        "chosen": report.chosen,
+        "forced": report.forced,
+        "reason": report.reason,
+        "gate": {"fp32": {"mean_min": FP32_MIN_MEAN, "top1_agreement_min": FP32_MIN_AGREEMENT,
+                          "max_probability_error": FP32_MAX_PROBABILITY_ERROR},
+                 "reduced": {"mean_min": REDUCED_MIN_MEAN, "min_min": REDUCED_MIN_MIN,
+                             "top1_agreement_min": REDUCED_MIN_AGREEMENT},
                  "max_norm_error": NORM_TOLERANCE},
-        "parity_queries": len(parity_queries),
-        "calibration_texts": len(calibration_texts),
-        "timing": {"batch_sizes": list(TIMING_BATCH_SIZES), "seconds_per_round": seconds,
-                   "rounds": rounds, "statistic": "median", "tokenization_included": True,
+        "parity_queries": len(plan.parity_items),
+        "calibration_texts": len(plan.calibration_items),
+        "timing": {"batch_sizes": list(TIMING_BATCH_SIZES),
+                   "seconds_per_round": plan.timing_seconds, "rounds": plan.timing_rounds,
+                   "statistic": "median", "tokenization_included": True,
                    "intra_op_num_threads": THREADS, "inter_op_num_threads": 1,
                    "execution_mode": "sequential", "allow_spinning": False},
+        "before": asdict(report.before) if report.before else None,
+        "after": asdict(report.after) if report.after else None,
         "onnxruntime": ort.__version__,
-        "elapsed_s": round(elapsed, 1),
-        "variants": [_variant_json(v) for v in variants],
+        "elapsed_s": round(report.elapsed_s, 1),
+        "variants": [_variant_json(v) for v in report.variants],
+        **{k: v for k, v in plan.extra.items() if k != "model"},
     }
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    report.report_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
 def _variant_json(variant: VariantReport) -> dict[str, Any]:
     entry = asdict(variant)
     entry["queries_per_second"] = {f"batch_{b}": round(q, 1)
                                    for b, q in variant.queries_per_second.items()}
+    if variant.parity is not None:
+        entry["parity"]["max_norm_error"] = entry["parity"]["max_error"]
     return entry
+
+
+# -- the default model's first run -----------------------------------------------------------
+
+
+def prepare_encoder(hf_dir: Path, model_dir: Path, *, parity_queries: Sequence[str],
+                    calibration_texts: Sequence[str], progress: Progress | bool = True,
+                    timing_seconds: float = TIMING_SECONDS, timing_rounds: int = TIMING_ROUNDS,
+                    parity_batch_sizes: Sequence[int] = PARITY_BATCH_SIZES,
+                    ) -> PrepareReport:
+    """The default `embed` model: all-MiniLM-L6-v2 with fp32 and int8 candidates, gated against
+    sentence-transformers; keeps the repository's own model.yaml."""
+    if not parity_queries:
+        raise ExportError("prepare_encoder needs parity queries")
+    plan = Plan(inspect_source(hf_dir, "embed"), ("fp32", "int8"), parity_queries,
+                calibration_texts, timing_seconds, timing_rounds, parity_batch_sizes,
+                extra={"model": "sentence-transformers/all-MiniLM-L6-v2"})
+    return optimize_encoder(plan, model_dir, progress=progress)
 
 
 # -- progress --------------------------------------------------------------------------------
@@ -683,10 +690,11 @@ def _variant_json(variant: VariantReport) -> dict[str, Any]:
 class _Steps:
     """One progress bar over every step; the timing steps are added once parity is known."""
 
-    def __init__(self, display: Progress, total: int) -> None:
+    def __init__(self, display: Progress, total: int, title: str) -> None:
         self.display = display
         self.total = total
-        self.task: TaskID = display.add_task("preparing the encoder", total=total)
+        self.title = title
+        self.task: TaskID = display.add_task(title, total=total)
         self.started = False
 
     def next(self, description: str) -> None:
@@ -700,7 +708,7 @@ class _Steps:
         self.display.update(self.task, total=self.total)
 
     def finish(self) -> None:
-        self.display.update(self.task, completed=self.total, description="encoder prepared")
+        self.display.update(self.task, completed=self.total, description=f"{self.title}: done")
 
 
 @contextmanager
@@ -712,3 +720,4 @@ def _display(progress: Progress | bool) -> Iterator[Progress]:
                BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress) as display:
         yield display
+

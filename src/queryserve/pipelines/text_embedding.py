@@ -1,4 +1,10 @@
-"""Text in, one vector per text out: tokenize -> queue -> encoder -> rows.
+"""Text in, one row per text out: tokenize -> queue -> encoder -> rows.
+
+Two pipelines share this path. `text_embedding` returns the encoder's pooled vector;
+`text_classification` returns its label probabilities, for one text or, with a second input
+(`text_pair`), for a pair of texts, which are tokenized together with segment ids. Either way
+the graph does the post-processing (pooling, normalisation or softmax), so the pipeline only
+tokenizes, pads and slices rows.
 
 Tokenization happens per request on the event loop (native code, ~tens of microseconds for a
 query) because the batcher needs each item's token count to cut batches against the token
@@ -82,23 +88,27 @@ class TextEmbedding:
 
     # -- request path, on the event loop ------------------------------------------------------
 
-    async def infer(self, texts: Sequence[str], timeout_s: float | None = None) -> Embeddings:
-        """Embed validated, non-empty texts."""
+    async def infer(self, texts: Sequence[str], timeout_s: float | None = None,
+                    pairs: Sequence[str] | None = None) -> Embeddings:
+        """One output row per validated, non-empty text (or text pair)."""
         rows: list[Array | None] = [None] * len(texts)
         tokens = 0
         misses = list(range(len(texts)))
+        keys = (texts if pairs is None
+                else [f"{a}\x00{b}" for a, b in zip(texts, pairs, strict=True)])
         if self.cache is not None:
-            misses, tokens = self._from_cache(texts, rows)
+            misses, tokens = self._from_cache(keys, rows)
         if misses:
-            payloads = self.tokenize([texts[i] for i in misses])
-            counts = [len(p) for p in payloads]
+            payloads = (self.tokenize([texts[i] for i in misses]) if pairs is None else
+                        self.tokenize_pairs([(texts[i], pairs[i]) for i in misses]))
+            counts = [p.shape[-1] for p in payloads]
             tokens += sum(counts)
             futures = self.scheduler.submit(payloads, counts, timeout_s)
             results = await asyncio.gather(*futures) if len(futures) > 1 else [await futures[0]]
             for i, row, count in zip(misses, results, counts, strict=True):
                 rows[i] = row
                 if self.cache is not None:
-                    self.cache.put(texts[i], (row.copy(), count))  # a copy: no view of the batch
+                    self.cache.put(keys[i], (row.copy(), count))  # a copy: no view of the batch
         return Embeddings(np.stack(rows), tokens)  # type: ignore[arg-type]
 
     def _from_cache(self, texts: Sequence[str],
@@ -127,12 +137,22 @@ class TextEmbedding:
             return [np.asarray(self.tokenizer.encode(texts[0]).ids, dtype=np.int64)]
         return [np.asarray(e.ids, dtype=np.int64) for e in self.tokenizer.encode_batch(texts)]
 
+    def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[Array]:
+        """A [2, tokens] array per pair: token ids, then segment ids."""
+        return [np.asarray([e.ids, e.type_ids], dtype=np.int64)
+                for e in self.tokenizer.encode_batch(list(pairs))]
+
     # -- batch stages, on an instance's thread ------------------------------------------------
 
     def collate(self, payloads: Sequence[Array]) -> dict[str, Array]:
-        inputs = pad_token_ids(payloads)
+        if payloads[0].ndim == 2:  # pairs: ids and segment ids
+            inputs = pad_token_ids([p[0] for p in payloads])
+            types = pad_token_ids([p[1] for p in payloads])["input_ids"]
+        else:
+            inputs = pad_token_ids(payloads)
+            types = np.zeros_like(inputs["input_ids"])
         if self.wants_token_types:
-            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
+            inputs["token_type_ids"] = types
         return inputs
 
     def split(self, outputs: dict[str, Array], count: int) -> Sequence[Array]:

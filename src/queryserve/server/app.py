@@ -170,15 +170,27 @@ class ServerApp:
     async def infer(self, request: Request, model: Model) -> Response:
         with _outcome_recorded(model):
             parsed = kserve.decode_infer_request(request.body, request.headers, model.config)
-            texts = decode_texts(self._items(parsed.inputs[model.config.inputs[0].name]),
-                                 f"input '{model.config.inputs[0].name}'")
-            result = await model.pipeline.infer(texts, parsed.timeout_s)
+            texts, pairs = self._texts(parsed.inputs, model)
+            result = await model.pipeline.infer(texts, parsed.timeout_s, pairs)
             body, header_length = kserve.encode_infer_response(
                 model.config, VERSION, parsed, {model.config.outputs[0].name: result.vectors})
         if header_length is None:
             return Response(200, body)
         return Response(200, body, "application/octet-stream",
                         [(kserve.HEADER_LENGTH, str(header_length))])
+
+    def _texts(self, inputs: dict[str, list[bytes | str] | Array],
+               model: Model) -> tuple[list[str], list[str] | None]:
+        """The first input's texts, and the second's for a pair model (same count)."""
+        specs = model.config.inputs
+        texts = decode_texts(self._items(inputs[specs[0].name]), f"input '{specs[0].name}'")
+        if len(specs) < 2:
+            return texts, None
+        pairs = decode_texts(self._items(inputs[specs[1].name]), f"input '{specs[1].name}'")
+        if len(pairs) != len(texts):
+            raise InvalidInput(f"inputs '{specs[0].name}' and '{specs[1].name}' must hold the "
+                               f"same number of texts; got {len(texts)} and {len(pairs)}")
+        return texts, pairs
 
     def _items(self, items: list[bytes | str] | Array) -> list[bytes | str]:
         if len(items) > self.limits.max_items:
@@ -194,6 +206,9 @@ class ServerApp:
         if not isinstance(name, str):
             raise InvalidInput("'model' must name a model, e.g. \"embed\"")
         model = self.repository.get(name)
+        if model.config.pipeline != "text_embedding":
+            raise InvalidInput(f"model '{name}' is a {model.config.pipeline} model; "
+                               "/v1/embeddings serves text_embedding models only")
         with _outcome_recorded(model):
             raw = body.get("input")
             if not raw or not isinstance(raw, str | list):
