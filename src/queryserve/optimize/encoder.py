@@ -58,7 +58,7 @@ from queryserve.optimize.recipes import (
     recipes_for,
 )
 from queryserve.optimize.source import Source, inspect_source, tokenizer_file
-from queryserve.pipelines.text_embedding import open_tokenizer
+from queryserve.pipelines.text_embedding import open_tokenizer, pad_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -232,15 +232,9 @@ def encode(tokenizer: Tokenizer, items: Sequence[Item]) -> list[tuple[list[int],
 
 def feeds(rows: Sequence[tuple[Sequence[int], Sequence[int]]],
           inputs: Sequence[str] = ("input_ids", "attention_mask")) -> Feeds:
-    """Pad to the batch's longest row with id 0; the attention mask; segment ids if wanted."""
-    longest = max(len(ids) for ids, _ in rows)
-    out = {name: np.zeros((len(rows), longest), dtype=np.int64) for name in inputs}
-    for row, (ids, types) in enumerate(rows):
-        out["input_ids"][row, : len(ids)] = ids
-        out["attention_mask"][row, : len(ids)] = 1
-        if "token_type_ids" in out:
-            out["token_type_ids"][row, : len(types)] = types
-    return out
+    """The server's padding (`pad_token_ids`), with segment ids when the graph takes them."""
+    segments = [types for _, types in rows] if "token_type_ids" in inputs else None
+    return pad_token_ids([ids for ids, _ in rows], segments)
 
 
 def batches(tokenizer: Tokenizer, items: Sequence[Item], batch_size: int,
@@ -299,7 +293,7 @@ def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequenc
     return _outputs(session, tokenizer, queries, batch_size)
 
 
-def compare(precision: Precision, metric: str, outputs: Floats, reference: Floats,
+def compare(metric: str, outputs: Floats, reference: Floats,
             normalized: bool) -> tuple[float, float, float]:
     """(mean, min, max_error) of one batch size's outputs against the reference."""
     if outputs.shape != reference.shape:
@@ -322,8 +316,8 @@ def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence
             metric: str = "cosine", normalized: bool = True) -> Parity:
     output = session.get_outputs()[0].name
     _check_contract(session, output, reference.shape[1])
-    results = [compare(precision, metric, _outputs(session, tokenizer, items, b), reference,
-                       normalized) for b in batch_sizes]
+    results = [compare(metric, _outputs(session, tokenizer, items, b), reference, normalized)
+               for b in batch_sizes]
     mean = min(r[0] for r in results)
     minimum = min(r[1] for r in results)
     error = max(r[2] for r in results)

@@ -50,15 +50,23 @@ def load_tokenizer(config: ModelConfig) -> Tokenizer:
     return open_tokenizer(path, config.parameter("max_sequence_length", 256))
 
 
-def pad_token_ids(rows: Sequence[Sequence[int] | Array]) -> dict[str, Array]:
-    """Pad token ids to the batch's longest row with id 0, with the attention mask."""
+def pad_token_ids(rows: Sequence[Sequence[int] | Array],
+                  segments: Sequence[Sequence[int] | Array] | None = None) -> dict[str, Array]:
+    """Pad token ids to the batch's longest row with id 0, with the attention mask, and the
+    segment ids as `token_type_ids` when given (text pairs)."""
     longest = max(len(ids) for ids in rows)
     input_ids = np.zeros((len(rows), longest), dtype=np.int64)
     attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
     for row, ids in enumerate(rows):
         input_ids[row, : len(ids)] = ids
         attention_mask[row, : len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+    padded = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if segments is not None:
+        token_types = np.zeros_like(input_ids)
+        for row, types in enumerate(segments):
+            token_types[row, : len(types)] = types
+        padded["token_type_ids"] = token_types
+    return padded
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +102,7 @@ class TextEmbedding:
         rows: list[Array | None] = [None] * len(texts)
         tokens = 0
         misses = list(range(len(texts)))
-        keys = (texts if pairs is None
+        keys = (texts if pairs is None or self.cache is None  # pair keys only for the cache
                 else [f"{a}\x00{b}" for a, b in zip(texts, pairs, strict=True)])
         if self.cache is not None:
             misses, tokens = self._from_cache(keys, rows)
@@ -139,20 +147,19 @@ class TextEmbedding:
 
     def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[Array]:
         """A [2, tokens] array per pair: token ids, then segment ids."""
-        return [np.asarray([e.ids, e.type_ids], dtype=np.int64)
-                for e in self.tokenizer.encode_batch(list(pairs))]
+        encodings = ([self.tokenizer.encode(*pairs[0])] if len(pairs) == 1
+                     else self.tokenizer.encode_batch(list(pairs)))
+        return [np.asarray([e.ids, e.type_ids], dtype=np.int64) for e in encodings]
 
     # -- batch stages, on an instance's thread ------------------------------------------------
 
     def collate(self, payloads: Sequence[Array]) -> dict[str, Array]:
         if payloads[0].ndim == 2:  # pairs: ids and segment ids
-            inputs = pad_token_ids([p[0] for p in payloads])
-            types = pad_token_ids([p[1] for p in payloads])["input_ids"]
-        else:
-            inputs = pad_token_ids(payloads)
-            types = np.zeros_like(inputs["input_ids"])
+            segments = [p[1] for p in payloads] if self.wants_token_types else None
+            return pad_token_ids([p[0] for p in payloads], segments)
+        inputs = pad_token_ids(payloads)
         if self.wants_token_types:
-            inputs["token_type_ids"] = types
+            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
         return inputs
 
     def split(self, outputs: dict[str, Array], count: int) -> Sequence[Array]:
