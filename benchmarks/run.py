@@ -14,7 +14,10 @@ Everything in one run on this machine, one measurement at a time, with the proje
    PyTriton) and queryserve, each searched at p99 <= 10 / 50 / 1000 ms;
 5. the load generator's own ceiling against a server that answers at once;
 6. `queryserve optimize` on all-MiniLM-L6-v2, fp32 / int8 / fp16 side by side, before (PyTorch)
-   and after, plus PyTorch bf16 (the one bf16 engine that runs on this CPU) with its parity.
+   and after, plus PyTorch bf16 (the one bf16 engine that runs on this CPU) with its parity;
+7. `queryserve optimize --task seq2seq` on a T5 of the spelling corrector's shape
+   (benchmarks/seq2seq_model.py trains it once, ~30 min, cached under bench-out/): CTranslate2
+   float32 and int8 against Hugging Face `generate`, exact match and speed.
 """
 
 from __future__ import annotations
@@ -485,6 +488,73 @@ def render_optimize(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+# -- 7. queryserve optimize --task seq2seq ------------------------------------------------
+
+
+def seq2seq_figures(seconds: float) -> dict[str, Any]:
+    model = OUT / "seq2seq" / "t5-copy"
+    if not (model / "TRAINING.json").is_file():
+        log("  training the benchmark's T5 (benchmarks/seq2seq_model.py, once)")
+        subprocess.run([sys.executable, str(HERE / "seq2seq_model.py"), str(model)], check=True)
+    out = OUT / "seq2seq" / "repo" / "t5-copy"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [QUERYSERVE, "optimize", str(model), "--task", "seq2seq", "--precision",
+               "fp32,int8", "--out", str(out), "--max-output-length", "16",
+               "--timing-seconds", str(seconds), "--no-progress"]
+    log("  $ " + " ".join(command[1:]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    (OUT / "seq2seq" / "optimize.log").write_text(done.stderr + done.stdout)
+    if done.returncode != 0:
+        raise SystemExit(f"queryserve optimize --task seq2seq failed:\n{done.stderr}")
+    report: dict[str, Any] = json.loads((out / "prepare.json").read_text())
+    report["training"] = json.loads((model / "TRAINING.json").read_text())
+    return report
+
+
+def render_seq2seq(report: dict[str, Any]) -> list[str]:
+    before, after, timing = report["before"], report["after"], report["timing"]
+    training = report["training"]
+    lines = [
+        "## 7. `queryserve optimize --task seq2seq`: CTranslate2 against Hugging Face `generate`",
+        "",
+        "`queryserve optimize OUT/seq2seq/t5-copy --task seq2seq --precision fp32,int8 "
+        "--max-output-length 16`. The model is a T5 of the spelling corrector's shape (d_model "
+        "256, 4 + 4 layers, a 4,000-piece vocabulary) trained by `benchmarks/seq2seq_model.py` "
+        f"for {training['minutes']:.0f} minutes ({training['steps']:,} steps, final loss "
+        f"{training['final_loss']:.2f}) to copy queries back and undo typos; issue 5's trained "
+        "corrector will replace it. Each CTranslate2 compute type is gated on exact match "
+        f"against `generate` (greedy, PyTorch fp32) over {report['parity_queries']} MASSIVE test "
+        "queries at batch 1 and 32, then timed on the first "
+        f"{timing['queries']} of them: {timing['mean_input_tokens']:.1f} input tokens and "
+        f"{timing['mean_output_tokens']:.1f} generated tokens on average, end token included "
+        "(issue 4's case: about 9 in, 11 out). Median queries/s of "
+        f"{timing['rounds']} interleaved rounds, tokenization and decoding included; "
+        "CTranslate2 on 1 intra-op thread (the served setting), PyTorch on 2.", "",
+        "| engine | exact match with `generate` | batch 1 (ms/query) | batch 32 (queries/s) |",
+        "|---|---|---:|---:|",
+        f"| Hugging Face `generate`, PyTorch fp32 (before) | reference | "
+        f"{before['batch_1_ms']:.2f} | {before['batch_32_per_s']:.0f} |",
+    ]
+    for variant in report["variants"]:
+        parity, speed = variant["parity"], variant["queries_per_second"]
+        if parity is None:
+            lines.append(f"| CTranslate2 {variant['name']} | not built: {variant['error']} | | |")
+            continue
+        name = variant["name"] + (" **(chosen)**" if variant["name"] == report["chosen"] else "")
+        batch_1 = f"{1000 / speed['batch_1']:.2f}" if speed.get("batch_1") else "-"
+        batch_32 = f"{speed['batch_32']:.0f}" if speed.get("batch_32") else "-"
+        lines.append(f"| CTranslate2 {name} | {parity['mean']:.2%} | {batch_1} | {batch_32} |")
+    lines += ["", f"Chosen: {report['reason']}.", "",
+              f"Before/after: {before['size_mb']:.1f} MB -> {after['size_mb']:.1f} MB; load "
+              f"{before['load_s']:.2f} -> {after['load_s']:.2f} s; batch 1 "
+              f"{before['batch_1_ms']:.2f} -> {after['batch_1_ms']:.2f} ms/query "
+              f"(**{before['batch_1_ms'] / after['batch_1_ms']:.1f}x**); batch 32 "
+              f"{before['batch_32_per_s']:.0f} -> {after['batch_32_per_s']:.0f} queries/s "
+              f"({after['batch_32_per_s'] / before['batch_32_per_s']:.1f}x). Issue 4's target: "
+              ">= 5x at batch 1 with identical outputs on >= 99% of inputs."]
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per engine round")
@@ -493,7 +563,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
                         help="re-measure only these sections (engines,server,recommend,peers,"
-                             "ceiling,optimize); the rest come from "
+                             "ceiling,optimize,seq2seq); the rest come from "
                              "bench-out/make-bench/bench.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -510,6 +580,8 @@ def main() -> int:
         "peers": ("4. peers", lambda: peers(args.peers)),
         "ceiling": ("5. the load generator's ceiling", generator_ceiling),
         "optimize": ("6. queryserve optimize", lambda: optimize_figures(args.seconds)),
+        "seq2seq": ("7. queryserve optimize --task seq2seq",
+                    lambda: seq2seq_figures(args.seconds)),
     }
     # --only re-measures some sections and keeps the others from the last run's bench.json.
     figures: dict[str, Any] = (json.loads((OUT / "bench.json").read_text()) if args.only
@@ -539,6 +611,7 @@ def main() -> int:
         *render_peers(peer_report), "",
         *render_ceiling(ceiling), "",
         *render_optimize(figures["optimize"]), "",
+        *render_seq2seq(figures["seq2seq"]), "",
     ]
     recorded = (HERE / "recorded.md").read_text()
     args.out.write_text("\n".join(lines) + "\n" + recorded)

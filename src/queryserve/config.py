@@ -19,8 +19,8 @@ import yaml
 from queryserve.errors import ConfigError
 from queryserve.types import NUMPY_DTYPES
 
-BACKENDS = ("onnxruntime", "fake")
-PIPELINES = ("text_embedding", "text_classification")
+BACKENDS = ("onnxruntime", "ctranslate2", "fake")
+PIPELINES = ("text_embedding", "text_classification", "text2text")
 
 T = TypeVar("T")
 
@@ -75,7 +75,8 @@ class ModelConfig:
     backend: str
     pipeline: str
     """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
-    pair texts -> probabilities); both run pipelines/text_embedding.py."""
+    pair texts -> probabilities), both in pipelines/text_embedding.py; or `text2text` (texts ->
+    generated texts, with the ctranslate2 backend), in pipelines/text2text.py."""
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

@@ -55,9 +55,9 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: weights are local
     from queryserve.optimize.encoder import prepare_encoder
-    from queryserve.optimize.report import quiet_fusion_logs
+    from queryserve.optimize.report import quiet_logs
 
-    quiet_fusion_logs()
+    quiet_logs()
 
     prepare_encoder(
         minilm_folder(), target,

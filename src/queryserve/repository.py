@@ -15,7 +15,7 @@ from pathlib import Path
 from queryserve.backends import create_backend
 from queryserve.config import ModelConfig, load_model_config
 from queryserve.errors import ConfigError, NotFound, QueryServeError, Unavailable
-from queryserve.pipelines.text_embedding import TextEmbedding, load_tokenizer
+from queryserve.pipelines import Pipeline, create_pipeline
 from queryserve.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def threads_per_instance(instances: int, cores: int) -> int:
 @dataclass
 class Model:
     config: ModelConfig
-    pipeline: TextEmbedding
+    pipeline: Pipeline
     stats: ModelStats
     threads: int
 
@@ -91,10 +91,9 @@ class ModelRepository:
         if count > self.cores:
             log.warning("model '%s': %d instances on %d cores oversubscribe the CPU",
                         config.name, count, self.cores)
-        tokenizer = load_tokenizer(config)
         backends = [create_backend(config, threads) for _ in range(count)]
         stats = ModelStats()
-        pipeline = TextEmbedding(config, backends, stats, tokenizer)
+        pipeline = create_pipeline(config, backends, stats)
         pipeline.warmup()
         return Model(config, pipeline, stats, threads)
 

@@ -199,6 +199,7 @@ def test_a_variant_that_misses_the_gate_is_refused_unless_forced(
 
 
 @pytest.mark.parametrize("case", ["not-a-folder", "no-config", "gpt2", "no-head", "seq2seq",
+                                  "t5-as-embed", "seq2seq-calibration", "seq2seq-bf16",
                                   "empty-calibration", "bf16", "bad-precision"])
 def test_bad_input_gets_one_line(tmp_path: Path, case: str) -> None:
     folder = tmp_path / "model"
@@ -206,11 +207,15 @@ def test_bad_input_gets_one_line(tmp_path: Path, case: str) -> None:
     args = [str(folder), "--task", "embed", "--out", str(tmp_path / "repo" / "m")]
     if case == "not-a-folder":
         args[0] = str(tmp_path / "missing")
-    elif case in ("gpt2", "seq2seq"):
+    elif case in ("gpt2", "seq2seq", "t5-as-embed", "seq2seq-calibration", "seq2seq-bf16"):
         model_type = "gpt2" if case == "gpt2" else "t5"
         (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
-        if case == "seq2seq":
+        if case.startswith("seq2seq"):
             args[2] = "seq2seq"
+        if case == "seq2seq-calibration":
+            args += ["--calibration", str(folder / "config.json")]
+        elif case == "seq2seq-bf16":
+            args += ["--precision", "bf16"]
     elif case in ("no-head", "empty-calibration", "bf16", "bad-precision"):
         shutil.copytree(minilm_dir(), folder, dirs_exist_ok=True)
         if case == "no-head":
@@ -227,7 +232,11 @@ def test_bad_input_gets_one_line(tmp_path: Path, case: str) -> None:
     message = result.stderr.strip().splitlines()[-1]
     assert {"not-a-folder": "is not a folder", "no-config": "no config.json",
             "gpt2": "'gpt2' is not supported", "no-head": "needs a sequence-classification head",
-            "seq2seq": "not built yet", "empty-calibration": "is empty",
+            "seq2seq": "has a config.json but no weights",
+            "t5-as-embed": "is a seq2seq model; use --task seq2seq",
+            "seq2seq-calibration": "CTranslate2's int8 quantizes activations as it runs",
+            "seq2seq-bf16": "runs float32, int8, int8_float32, not int8_bfloat16, bfloat16",
+            "empty-calibration": "is empty",
             "bf16": "bfloat16 MatMul", "bad-precision": "use one or more of"}[case] in message
 
 

@@ -36,7 +36,7 @@ def embed(repository: ModelRepository, texts: list[str]) -> np.ndarray:
     pipeline = repository.get("embed").pipeline
 
     async def run() -> np.ndarray:
-        return (await pipeline.infer(texts)).vectors
+        return (await pipeline.infer(texts)).output
 
     return LOOP.run_until_complete(run())
 

@@ -53,7 +53,8 @@ def test_default_repository_config_is_valid() -> None:
      "field 'dynamic_batching.preferred_batch_size[0]' is 64; expected an integer from 1 to 32"),
     ("response_cache: {enable: yes please}", "field 'response_cache.enable' is 'yes please'"),
     ("colour: blue", "unknown field 'colour'"),
-    ("backend: tensorflow", "field 'backend' is 'tensorflow'; expected one of onnxruntime, fake"),
+    ("backend: tensorflow",
+     "field 'backend' is 'tensorflow'; expected one of onnxruntime, ctranslate2, fake"),
 ])
 def test_bad_fields_name_the_file_field_value_and_what_is_allowed(
         tmp_path: Path, change: str, message: str) -> None:

@@ -66,6 +66,33 @@ def test_json_output_by_default() -> None:
         "name": "embedding", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
 
 
+GENERATOR = ModelConfig(
+    name="spell", path=Path("."), backend="ctranslate2", pipeline="text2text", max_batch_size=8,
+    inputs=(TensorSpec("text", "BYTES", (1,)),),
+    outputs=(TensorSpec("generated_text", "BYTES", (1,)),))
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_text_outputs_as_json_strings_or_length_prefixed_bytes(binary: bool) -> None:
+    request = decode_infer_request(body(["a", "b"], [2, 1],
+                                        parameters={"binary_data_output": binary}), {},
+                                   GENERATOR)
+    texts = np.array([["café"], [""]], dtype=object)
+    payload, header_length = encode_infer_response(GENERATOR, "1", request,
+                                                   {"generated_text": texts})
+    if not binary:
+        assert header_length is None
+        assert orjson.loads(payload)["outputs"][0] == {
+            "name": "generated_text", "datatype": "BYTES", "shape": [2, 1],
+            "data": ["café", ""]}
+        return
+    assert header_length is not None
+    blob = payload[header_length:]
+    assert orjson.loads(payload[:header_length])["outputs"][0]["parameters"] == {
+        "binary_data_size": len(blob)}
+    assert blob == struct.pack("<I", 5) + "café".encode() + struct.pack("<I", 0)
+
+
 BINARY_HEADER = (b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1,1],'
                  b'"parameters":{"binary_data_size":4}}]}')  # 97 bytes
 

@@ -69,6 +69,16 @@ def test_point_yaml_is_a_valid_model_config(tmp_path: Path) -> None:
     assert max(s.batch_size for s in config.model_warmup) == 8
 
 
+def test_a_seq2seq_point_names_its_ctranslate2_folder() -> None:
+    config: dict[str, object] = {"backend": "ctranslate2", "max_batch_size": 32,
+                                 "instance_group": {"count": 2},
+                                 "parameters": {"model_dir": "ctranslate2"}}
+    files = {"float32": "variants/float32", "int8": "ctranslate2"}
+    assert current_point(config, files, cores=2) == Point("int8", 32, 0, 2, 1)
+    written = point_yaml(config, Point("float32", 8, 0, 1, 2), files)
+    assert written["parameters"] == {"model_dir": "variants/float32"}
+
+
 def point(pid: str, rate: float, cost: float | None = None,
           p99: float = 5.0) -> dict[str, object]:
     return {"id": pid, "max_rate": rate, "cost_per_million": cost, "latency_ms": {"p99": p99}}

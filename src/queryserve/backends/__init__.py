@@ -1,4 +1,5 @@
-"""Runtimes behind one small seam: named numpy arrays in, named numpy arrays out.
+"""Runtimes behind one small seam: named numpy arrays in, named numpy arrays out (object
+arrays of token lists for CTranslate2).
 
 One file per runtime. A backend instance is used by one thread at a time (its model
 instance), so it needs no locking of its own; the runtime releases the GIL while it computes.
@@ -24,6 +25,10 @@ def create_backend(config: ModelConfig, threads: int) -> Backend:
         from queryserve.backends.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(config, threads)
+    if config.backend == "ctranslate2":
+        from queryserve.backends.ctranslate2 import CTranslate2Backend
+
+        return CTranslate2Backend(config, threads)
     from queryserve.backends.fake import FakeBackend
 
     return FakeBackend(config)

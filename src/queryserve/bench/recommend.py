@@ -112,12 +112,21 @@ def model_files(model_dir: Path) -> dict[str, str]:
     return {v["name"]: v["file"] for v in variants if v.get("passed") and v.get("file")}
 
 
+def _model_parameter(config: dict[str, Any]) -> tuple[str, str]:
+    """The parameter naming the served variant, and its default: a CTranslate2 model folder
+    or an ONNX file."""
+    if config.get("backend") == "ctranslate2":
+        return "model_dir", "ctranslate2"
+    return "model_file", "model.onnx"
+
+
 def current_point(config: dict[str, Any], files: dict[str, str], cores: int) -> Point:
     """The configuration `model.yaml` serves today (the point to beat)."""
-    model_file = str(config.get("parameters", {}).get("model_file", "model.onnx"))
+    key, default = _model_parameter(config)
+    model_file = str(config.get("parameters", {}).get(key, default))
     precision = next((name for name, f in files.items() if f == model_file), None)
     if precision is None:
-        raise BenchError(f"model_file {model_file!r} is not one of the prepared variants "
+        raise BenchError(f"{key} {model_file!r} is not one of the prepared variants "
                          f"({', '.join(files.values())})")
     instances = int(config.get("instance_group", {}).get("count", 1))
     return Point(precision, int(config["max_batch_size"]),
@@ -182,7 +191,7 @@ def point_yaml(config: dict[str, Any], point: Point, files: dict[str, str]) -> d
     out.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = (
         point.max_queue_delay_us)
     out.setdefault("instance_group", {})["count"] = point.instances
-    out.setdefault("parameters", {})["model_file"] = files[point.precision]
+    out.setdefault("parameters", {})[_model_parameter(config)[0]] = files[point.precision]
     for sample in out.get("model_warmup") or []:
         sample["batch_size"] = min(int(sample.get("batch_size", 1)), point.max_batch_size)
     preferred = out["dynamic_batching"].get("preferred_batch_size")

@@ -1,6 +1,10 @@
 """`queryserve optimize`: a local Hugging Face folder in, a servable model folder out.
 
     queryserve optimize MODEL_DIR --task embed --precision int8 --out model_repository/NAME
+    queryserve optimize T5_DIR --task seq2seq --precision int8 --out model_repository/spell
+
+Encoders go to ONNX Runtime (optimize/encoder.py), seq2seq models to CTranslate2
+(optimize/seq2seq.py); both gate every variant against the original on real inputs.
 
 Heavy imports (torch, transformers, onnx) happen only once the arguments are checked, so a bad
 flag or folder is answered at once, in one line.
@@ -11,11 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from queryserve.errors import ExportError
 from queryserve.optimize.recipes import PRECISIONS, Precision
 from queryserve.optimize.source import TASKS, Source, Task, inspect_source
+
+if TYPE_CHECKING:
+    from queryserve.optimize.seq2seq import Decoding
 
 # The repository's real inputs (see each folder's SOURCE.md), found from this file so the
 # defaults work from any directory of a source checkout.
@@ -40,16 +47,17 @@ def _precisions(value: str) -> tuple[Precision, ...]:
 
 def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "optimize", help="export, quantize and accuracy-gate a Hugging Face encoder into a "
+        "optimize", help="compile, quantize and accuracy-gate a Hugging Face model into a "
                          "servable model folder",
         description="Turn a local Hugging Face folder into a model folder queryserve serves: "
-                    "ONNX export, transformer fusions, reduced precision, an accuracy gate "
-                    "against the original on real inputs, and a before/after report.")
+                    "for encoders, ONNX export, transformer fusions and reduced precision; for "
+                    "T5 and BART, CTranslate2 conversion. Every variant is checked against the "
+                    "original on real inputs, and the run ends with a before/after report.")
     parser.add_argument("model_dir", type=Path, metavar="MODEL_DIR",
                         help="a local Hugging Face model folder (config.json and weights)")
     parser.add_argument("--task", choices=TASKS, required=True,
                         help="embed (pooled vectors), classify (label probabilities of one "
-                             "text), pair (of two texts), seq2seq (not built yet)")
+                             "text), pair (of two texts), seq2seq (generated text; T5, BART)")
     parser.add_argument("--precision", type=_precisions, default=("int8",),
                         help="fp32, fp16 (for GPUs; gated here on the CPU), int8 or bf16; "
                              "several, comma-separated, keep the fastest that passes "
@@ -62,8 +70,14 @@ def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
                              "TEXT<TAB>TEXT lines (default: MASSIVE test utterances; catalog "
                              "title pairs for pair)")
     parser.add_argument("--calibration", type=Path, default=None, metavar="FILE",
-                        help="real text to calibrate int8 on, same formats (default: MASSIVE "
-                             "train utterances; catalog title pairs for pair)")
+                        help="real text to calibrate an encoder's int8 on, same formats "
+                             "(default: MASSIVE train utterances; catalog title pairs for pair); "
+                             "seq2seq needs none")
+    parser.add_argument("--beam-size", type=int, default=1,
+                        help="seq2seq: beam size for the gate and the served model; 1 is greedy "
+                             "(default: %(default)s)")
+    parser.add_argument("--max-output-length", type=int, default=64,
+                        help="seq2seq: most tokens generated per input (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="write the closest variant even if none passes the gate")
     parser.add_argument("--timing-seconds", type=float, default=2.0,
@@ -73,7 +87,9 @@ def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 def run_optimize_command(args: argparse.Namespace) -> None:
     precisions: tuple[Precision, ...] = args.precision
-    if "bf16" in precisions:
+    if args.task == "seq2seq":
+        _check_seq2seq_args(args)
+    elif "bf16" in precisions:
         from queryserve.optimize.recipes import bf16_unsupported_reason
 
         reason = bf16_unsupported_reason()
@@ -88,21 +104,51 @@ def run_optimize_command(args: argparse.Namespace) -> None:
         raise ExportError("--out must not be the source folder itself")
     parity = read_items(args.parity, source.task, PARITY_ITEMS, "parity") if args.parity else \
         default_items(source.task, "parity", PARITY_ITEMS)
-    calibration = read_items(args.calibration, source.task, CALIBRATION_ITEMS, "calibration") \
-        if args.calibration else default_items(source.task, "calibration", CALIBRATION_ITEMS)
     if args.timing_seconds <= 0:
         raise ExportError("--timing-seconds must be > 0")
+    calibration: list[Item] = []
+    if source.task != "seq2seq":
+        calibration = (read_items(args.calibration, source.task, CALIBRATION_ITEMS,
+                                  "calibration") if args.calibration
+                       else default_items(source.task, "calibration", CALIBRATION_ITEMS))
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: the folder is local
-    from queryserve.optimize.encoder import Plan, optimize_encoder
-    from queryserve.optimize.report import print_report, quiet_fusion_logs
+    from queryserve.optimize.plan import Plan
+    from queryserve.optimize.report import print_report, quiet_logs
 
-    quiet_fusion_logs()
-    plan = Plan(source, precisions, parity, calibration, timing_seconds=args.timing_seconds,
-                force=args.force, measure_original=True, model_config=model_yaml(source, out.name),
-                extra={"source": str(source.path)})
-    report = optimize_encoder(plan, out, progress=not args.no_progress)
+    quiet_logs()
+    if source.task == "seq2seq":
+        from queryserve.optimize.seq2seq import Decoding, optimize_seq2seq
+
+        decoding = Decoding(args.beam_size, args.max_output_length)
+        plan = Plan(source, precisions, parity, [], timing_seconds=args.timing_seconds,
+                    force=args.force, measure_original=True,
+                    model_config=seq2seq_model_yaml(source, out.name, decoding),
+                    extra={"source": str(source.path)})
+        report = optimize_seq2seq(plan, out, decoding, progress=not args.no_progress)
+    else:
+        from queryserve.optimize.encoder import optimize_encoder
+
+        plan = Plan(source, precisions, parity, calibration, timing_seconds=args.timing_seconds,
+                    force=args.force, measure_original=True,
+                    model_config=model_yaml(source, out.name), extra={"source": str(source.path)})
+        report = optimize_encoder(plan, out, progress=not args.no_progress)
     print_report(report, plan, out)
+
+
+def _check_seq2seq_args(args: argparse.Namespace) -> None:
+    if args.calibration is not None:
+        raise ExportError("--calibration is for encoders: CTranslate2's int8 quantizes "
+                          "activations as it runs and needs no calibration text")
+    if not 1 <= args.beam_size <= 16:
+        raise ExportError(f"--beam-size {args.beam_size}: use 1 (greedy) to 16")
+    if not 1 <= args.max_output_length <= 1024:
+        raise ExportError(f"--max-output-length {args.max_output_length}: use 1 to 1024")
+    from queryserve.optimize.seq2seq import unsupported_reason
+
+    reason = unsupported_reason(args.precision)
+    if reason:
+        raise ExportError(f"--precision {','.join(args.precision)}: {reason}")
 
 
 def read_items(path: Path, task: Task, limit: int, what: str) -> list[Item]:
@@ -159,6 +205,32 @@ def default_items(task: Task, what: str, limit: int) -> list[Item]:
     if not path.is_file():
         raise ExportError(f"{path} is missing; pass --{what} FILE")
     return read_items(path, task, limit, what)
+
+
+def seq2seq_model_yaml(source: Source, name: str, decoding: Decoding) -> str:
+    """The model.yaml of a CTranslate2 folder: the text2text pipeline, one translator thread per
+    instance (backends/ctranslate2.py says why), decoding as gated."""
+    import yaml
+
+    config: dict[str, object] = {
+        "backend": "ctranslate2",
+        "pipeline": "text2text",
+        "max_batch_size": 32,
+        "input": [{"name": "text", "datatype": "BYTES", "dims": [1]}],
+        "output": [{"name": "generated_text", "datatype": "BYTES", "dims": [1]}],
+        "dynamic_batching": {"max_queue_delay_microseconds": 0, "max_queue_size": 256,
+                             "max_batch_tokens": 2048},
+        "instance_group": {"count": 2},
+        "model_warmup": [{"name": "one text", "batch_size": 1, "text": "warm up"}],
+        "parameters": {"model_dir": "ctranslate2", "tokenizer_file": "tokenizer.json",
+                       "max_sequence_length": source.max_length, "intra_threads": 1,
+                       "beam_size": decoding.beam_size,
+                       "max_output_length": decoding.max_output_length},
+    }
+    header = (f"# {name}: a {source.model_type} seq2seq model made by `queryserve optimize` "
+              f"from {source.path}\n# (CTranslate2); prepare.json says which compute type was "
+              "chosen and why.\n")
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
 
 
 def model_yaml(source: Source, name: str) -> str:

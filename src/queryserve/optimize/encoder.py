@@ -21,33 +21,49 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 from tokenizers import Tokenizer
 
 from queryserve.errors import ExportError
+from queryserve.optimize.gate import (
+    FP32_MAX_PROBABILITY_ERROR,
+    FP32_MIN_AGREEMENT,
+    FP32_MIN_MEAN,
+    NORM_TOLERANCE,
+    REDUCED_MIN_AGREEMENT,
+    REDUCED_MIN_MEAN,
+    REDUCED_MIN_MIN,
+    Parity,
+    bounds_met,
+    compare,
+)
+from queryserve.optimize.plan import (
+    PARITY_BATCH_SIZES,
+    TIMING_BATCH_SIZES,
+    TIMING_ROUNDS,
+    TIMING_SECONDS,
+    Item,
+    Plan,
+    PrepareReport,
+    Speed,
+    Steps,
+    VariantReport,
+    choose_fastest,
+    progress_display,
+)
 from queryserve.optimize.recipes import (
     RECIPES,
     SMOOTHING_ALPHA,
@@ -58,7 +74,8 @@ from queryserve.optimize.recipes import (
     recipes_for,
 )
 from queryserve.optimize.source import Source, inspect_source, tokenizer_file
-from queryserve.pipelines.text_embedding import open_tokenizer, pad_token_ids
+from queryserve.pipelines.base import open_tokenizer
+from queryserve.pipelines.text_embedding import pad_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -67,150 +84,12 @@ __all__ = ["RECIPES", "SMOOTHING_ALPHA", "Precision", "optimize_encoder", "prepa
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
 Feeds = dict[str, Ints]
-Item = str | tuple[str, str]  # a text, or a pair of texts for the pair task
 
 EMBEDDING_OUTPUT = "embedding"
 MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
 
-# The gates. fp32 must match the original to rounding; a reduced precision may drift a little
-# on average but never badly on any single input.
-FP32_MIN_MEAN = 0.9999
-REDUCED_MIN_MEAN = 0.99
-REDUCED_MIN_MIN = 0.97
-NORM_TOLERANCE = 1e-3  # pooling and normalisation are in the graph: rows must be unit already
-FP32_MIN_AGREEMENT = 0.999
-FP32_MAX_PROBABILITY_ERROR = 1e-3
-REDUCED_MIN_AGREEMENT = 0.99
-
-# Batch 1 (a lone query), 32 (timed) and 64 (the server's max_batch_size).
-PARITY_BATCH_SIZES = (1, 32, 64)
-TIMING_BATCH_SIZES = (1, 32)
-TIMING_SECONDS = 2.0
-TIMING_ROUNDS = 3
 THREADS = 2
 CALIBRATION_BATCH = 32
-
-
-@dataclass(frozen=True)
-class Parity:
-    """Agreement of a variant with the original, worst case over the batch sizes.
-
-    embed: `mean`/`min` are cosines and `max_error` is the largest |norm - 1| (0 when the model
-    does not normalise). classify and pair: `mean` and `min` are both the top-1 agreement and
-    `max_error` is the largest difference of a probability.
-    """
-
-    precision: Precision
-    metric: str  # "cosine" or "top1"
-    mean: float
-    min: float
-    max_error: float
-    batch_sizes: tuple[int, ...]
-    passed: bool
-
-    @property
-    def max_norm_error(self) -> float:
-        return self.max_error
-
-    def describe(self) -> str:
-        sizes = f"over batch sizes {list(self.batch_sizes)}"
-        if self.metric == "top1":
-            return (f"top-1 agreement {self.mean:.2%}, max |probability difference| "
-                    f"{self.max_error:.1e} {sizes}")
-        return (f"mean cosine {self.mean:.6f}, min {self.min:.6f}, max |norm-1| "
-                f"{self.max_error:.1e} {sizes}")
-
-    def brief(self) -> str:
-        if self.metric == "top1":
-            return f"top-1 {self.mean:.2%}, max |dp| {self.max_error:.1e}"
-        return f"cos mean {self.mean:.5f} min {self.min:.5f}"
-
-    def shortfall(self) -> str:
-        """What the variant missed its gate by, or '' if it passed."""
-        if self.passed:
-            return ""
-        misses = []
-        for label, value, bound, higher in _bounds(self):
-            if (value < bound) if higher else (value > bound):
-                misses.append(f"{label} {value:.6f} {'<' if higher else '>'} {bound} "
-                              f"(by {abs(value - bound):.6f})")
-        return "; ".join(misses)
-
-
-def _bounds(parity: Parity) -> list[tuple[str, float, float, bool]]:
-    fp32 = parity.precision == "fp32"
-    if parity.metric == "top1":
-        bounds = [("top-1 agreement", parity.mean,
-                   FP32_MIN_AGREEMENT if fp32 else REDUCED_MIN_AGREEMENT, True)]
-        if fp32:
-            bounds.append(("max |probability difference|", parity.max_error,
-                           FP32_MAX_PROBABILITY_ERROR, False))
-        return bounds
-    if fp32:
-        bounds = [("mean cosine", parity.mean, FP32_MIN_MEAN, True)]
-    else:
-        bounds = [("mean cosine", parity.mean, REDUCED_MIN_MEAN, True),
-                  ("min cosine", parity.min, REDUCED_MIN_MIN, True)]
-    return [*bounds, ("max |norm-1|", parity.max_error, NORM_TOLERANCE, False)]
-
-
-def gate(precision: Precision, mean: float, minimum: float) -> bool:
-    """The embedding gate on cosines alone (the norm is checked beside it)."""
-    if precision == "fp32":
-        return mean >= FP32_MIN_MEAN
-    return mean >= REDUCED_MIN_MEAN and minimum >= REDUCED_MIN_MIN
-
-
-@dataclass(frozen=True)
-class VariantReport:
-    name: str
-    precision: Precision
-    recipe: str
-    passed: bool
-    parity: Parity | None
-    queries_per_second: Mapping[int, float]  # batch size -> median q/s; empty if not timed
-    file: str | None  # relative to the model folder; None when not kept
-    error: str | None = None  # why it could not be built, if it could not
-
-
-@dataclass(frozen=True)
-class Speed:
-    """Before/after figures for the report: file size, load time, batch 1 and batch 32."""
-
-    size_mb: float
-    load_s: float
-    batch_1_ms: float
-    batch_32_per_s: float
-
-
-@dataclass(frozen=True)
-class PrepareReport:
-    chosen: str
-    reason: str
-    variants: tuple[VariantReport, ...]
-    model_path: Path
-    report_path: Path
-    elapsed_s: float
-    forced: bool = False
-    before: Speed | None = None  # the original in PyTorch, when measured
-    after: Speed | None = None  # the chosen variant
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to build and check: the inputs of one optimization run."""
-
-    source: Source
-    precisions: tuple[Precision, ...]
-    parity_items: Sequence[Item]
-    calibration_items: Sequence[Item]
-    timing_seconds: float = TIMING_SECONDS
-    timing_rounds: int = TIMING_ROUNDS
-    parity_batch_sizes: Sequence[int] = PARITY_BATCH_SIZES
-    force: bool = False  # write the best variant even if none passes its gate
-    measure_original: bool = False  # time the PyTorch original for the report
-    model_config: str | None = None  # model.yaml to write, or None to keep the folder's own
-    extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
 
 
 # -- tokenization as the server does it ------------------------------------------------------
@@ -293,24 +172,6 @@ def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequenc
     return _outputs(session, tokenizer, queries, batch_size)
 
 
-def compare(metric: str, outputs: Floats, reference: Floats,
-            normalized: bool) -> tuple[float, float, float]:
-    """(mean, min, max_error) of one batch size's outputs against the reference."""
-    if outputs.shape != reference.shape:
-        raise ExportError(f"the encoder returned {outputs.shape}, expected {reference.shape}")
-    if metric == "top1":
-        agreement = float(np.mean(outputs.argmax(axis=1) == reference.argmax(axis=1)))
-        error = float(np.nan_to_num(np.abs(outputs - reference), nan=np.inf).max())
-        return agreement, agreement, error
-    norms = np.linalg.norm(outputs, axis=1)
-    cosines = np.sum(outputs * reference, axis=1) / (
-        np.maximum(norms, 1e-12) * np.linalg.norm(reference, axis=1))
-    cosines = np.nan_to_num(cosines, nan=-1.0)  # a non-finite row counts as opposite
-    norm_error = (float(np.nan_to_num(np.abs(norms - 1.0), nan=np.inf).max()) if normalized
-                  else 0.0)
-    return float(cosines.mean()), float(cosines.min()), norm_error
-
-
 def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
             reference: Floats, precision: Precision, batch_sizes: Sequence[int], *,
             metric: str = "cosine", normalized: bool = True) -> Parity:
@@ -322,8 +183,7 @@ def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence
     minimum = min(r[1] for r in results)
     error = max(r[2] for r in results)
     draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True)
-    passed = all(((v >= b) if higher else (v <= b)) for _, v, b, higher in _bounds(draft))
-    return Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), passed)
+    return Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), bounds_met(draft))
 
 
 def parity(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], reference: Floats, *,
@@ -392,7 +252,7 @@ def _warm_up(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Seque
 
 
 def _time_variants(paths: Mapping[str, Path], tokenizer: Tokenizer, items: Sequence[Item],
-                   seconds: float, rounds: int, steps: _Steps) -> dict[str, dict[int, float]]:
+                   seconds: float, rounds: int, steps: Steps) -> dict[str, dict[int, float]]:
     """Median q/s per variant and batch size. Rounds interleave the variants, so a slow spell
     on a shared machine hits all of them alike instead of one variant's whole measurement."""
     sessions = {name: _session(path) for name, path in paths.items()}
@@ -468,9 +328,9 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
     normalized = source.task == "embed" and source.normalize
     # Build next to the destination so the final moves are renames on one filesystem.
     with tempfile.TemporaryDirectory(dir=model_dir.parent, prefix=f".{model_dir.name}-") as tmp, \
-            _display(progress) as display:
+            progress_display(progress) as display:
         work = Path(tmp)
-        steps = _Steps(display, 4 + 2 * len(recipes) + 1, f"optimizing {source.name}")
+        steps = Steps(display, 4 + 2 * len(recipes) + 1, f"optimizing {source.name}")
         steps.next(f"exporting {source.name} to ONNX (fp32)")
         fp32_path = work / "fp32.onnx"
         export_onnx_for(source, fp32_path)
@@ -514,7 +374,7 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                    + (1 if plan.measure_original else 0))
         speeds = _time_variants({n: paths[n] for n in passed}, tokenizer, plan.parity_items,
                                 plan.timing_seconds, plan.timing_rounds, steps)
-        chosen, reason = _choose(speeds, results)
+        chosen, reason = choose_fastest(speeds, results)
         if forced:
             reason = (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
                       f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
@@ -564,23 +424,6 @@ def _no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str
     if len(lines) == 1:
         lines.append("  no variant of that precision could be built")
     return "\n".join(lines)
-
-
-def _choose(speeds: Mapping[str, Mapping[int, float]],
-            results: Mapping[str, Parity]) -> tuple[str, str]:
-    """The passing variant with the best geometric mean of its timed batch sizes: a lone query
-    and a full batch both matter, and neither should dominate by its scale."""
-
-    def score(name: str) -> float:
-        return math.exp(statistics.fmean(math.log(q) for q in speeds[name].values()))
-
-    ranked = sorted(speeds, key=score, reverse=True)
-    chosen = ranked[0]
-    figures = ", ".join(f"{n} {score(n):.0f}" for n in ranked)
-    reason = (f"{chosen} passes its {results[chosen].precision} gate "
-              f"({results[chosen].describe()}) and is the fastest that passes: geometric mean of "
-              f"batch {'/'.join(map(str, TIMING_BATCH_SIZES))} queries/s: {figures}")
-    return chosen, reason
 
 
 def _install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],
@@ -677,41 +520,4 @@ def prepare_encoder(hf_dir: Path, model_dir: Path, *, parity_queries: Sequence[s
                 extra={"model": "sentence-transformers/all-MiniLM-L6-v2"})
     return optimize_encoder(plan, model_dir, progress=progress)
 
-
-# -- progress --------------------------------------------------------------------------------
-
-
-class _Steps:
-    """One progress bar over every step; the timing steps are added once parity is known."""
-
-    def __init__(self, display: Progress, total: int, title: str) -> None:
-        self.display = display
-        self.total = total
-        self.title = title
-        self.task: TaskID = display.add_task(title, total=total)
-        self.started = False
-
-    def next(self, description: str) -> None:
-        if self.started:
-            self.display.advance(self.task)
-        self.started = True
-        self.display.update(self.task, description=description)
-
-    def grow(self, steps: int) -> None:
-        self.total += steps
-        self.display.update(self.task, total=self.total)
-
-    def finish(self) -> None:
-        self.display.update(self.task, completed=self.total, description=f"{self.title}: done")
-
-
-@contextmanager
-def _display(progress: Progress | bool) -> Iterator[Progress]:
-    if isinstance(progress, Progress):  # the caller's display: add our task to it
-        yield progress
-        return
-    columns = (SpinnerColumn(), TextColumn("[progress.description]{task.description}"),
-               BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, disable=not progress) as display:
-        yield display
 

@@ -9,15 +9,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from queryserve.optimize.encoder import Plan, PrepareReport, Speed
+from queryserve.optimize.plan import Plan, PrepareReport, Speed
 
 # ONNX Runtime's fusion tools log every pass at INFO; the progress display says enough.
 _NOISY = ("onnx_model", "onnx_model_bert", "fusion_base", "fusion_utils", "float16")
 
 
-def quiet_fusion_logs() -> None:
+def quiet_logs() -> None:
+    """Only the run's own progress display: no fusion pass logs, no transformers bars."""
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.WARNING)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 def print_report(report: PrepareReport, plan: Plan, out: Path,
@@ -27,8 +32,9 @@ def print_report(report: PrepareReport, plan: Plan, out: Path,
     speed = Table(title=f"{plan.source.name} -> {out} ({plan.source.task})", title_justify="left")
     for column in ("", "size (MB)", "load (s)", "batch 1 (ms/query)", "batch 32 (queries/s)"):
         speed.add_column(column, justify="left" if not column else "right")
+    written = f"{report.engine} {report.chosen} (written)"
     rows: list[tuple[str, Speed | None]] = [("PyTorch fp32 (original)", report.before),
-                                            (f"ONNX {report.chosen} (written)", report.after)]
+                                            (written, report.after)]
     for label, figures in rows:
         if figures is not None:
             speed.add_row(label, f"{figures.size_mb:.1f}", f"{figures.load_s:.2f}",
@@ -50,6 +56,9 @@ def print_report(report: PrepareReport, plan: Plan, out: Path,
         if parity is not None and not parity.passed:
             notes.append(f"{variant.name} misses its {variant.precision} gate by "
                          f"{parity.shortfall()}")
+            for text, original, changed in variant.differences[:2]:
+                notes.append(f"  e.g. {text!r}: original {original!r}, {variant.name} "
+                             f"{changed!r}")
         if variant.error:
             notes.append(f"{variant.name} was not built: {variant.error.splitlines()[0][:300]}")
         rates = " / ".join(f"{q:.0f}" for q in variant.queries_per_second.values())
@@ -61,5 +70,5 @@ def print_report(report: PrepareReport, plan: Plan, out: Path,
     console.print(f"chose {report.chosen}: {report.reason}")
     if report.forced:
         console.print("[bold red]written with --force although it misses its gate[/]")
-    console.print(f"wrote {out}/ (model.onnx, tokenizer.json, model.yaml, "
+    console.print(f"wrote {out}/ ({report.model_path.name}, tokenizer.json, model.yaml, "
                   f"{report.report_path.name}) in {report.elapsed_s:.0f} s")

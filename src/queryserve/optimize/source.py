@@ -56,8 +56,15 @@ def inspect_source(path: Path, task: Task) -> Source:
         if model_type not in SEQ2SEQ_TYPES:
             raise ExportError(f"{path}: task seq2seq needs a T5 or BART model; this one is "
                               f"{model_type or 'of no known type'!r}")
-        raise ExportError("task seq2seq is not built yet (CTranslate2 conversion is the next "
-                          "step of `queryserve optimize`); use embed, classify or pair")
+        _check_weights(path)
+        return Source(
+            path=path, task=task, model_type=model_type,
+            heads=int(config.get("num_heads", config.get("encoder_attention_heads", 0))),
+            hidden=int(config.get("d_model", 0)),
+            max_length=int(config.get("max_position_embeddings", DEFAULT_MAX_LENGTH)),
+            pooling="mean", normalize=False, labels=(), sentence_transformers=False)
+    if model_type in SEQ2SEQ_TYPES:
+        raise ExportError(f"{path}: a {model_type} model is a seq2seq model; use --task seq2seq")
     if model_type not in ENCODER_TYPES:
         known = ", ".join(ENCODER_TYPES + SEQ2SEQ_TYPES)
         raise ExportError(f"{path}: model_type {model_type or '(none)'!r} is not supported; "

@@ -27,7 +27,7 @@ from queryserve.errors import (
     PayloadTooLarge,
     QueryServeError,
 )
-from queryserve.pipelines.text_embedding import decode_texts
+from queryserve.pipelines.base import decode_texts
 from queryserve.repository import VERSION, Model, ModelRepository
 from queryserve.server import kserve
 from queryserve.server.http import Request, Response, json_error
@@ -173,7 +173,7 @@ class ServerApp:
             texts, pairs = self._texts(parsed.inputs, model)
             result = await model.pipeline.infer(texts, parsed.timeout_s, pairs)
             body, header_length = kserve.encode_infer_response(
-                model.config, VERSION, parsed, {model.config.outputs[0].name: result.vectors})
+                model.config, VERSION, parsed, {model.config.outputs[0].name: result.output})
         if header_length is None:
             return Response(200, body)
         return Response(200, body, "application/octet-stream",
@@ -219,14 +219,15 @@ class ServerApp:
                 raise InvalidInput(f"encoding_format {encoding!r} is not supported; use "
                                    "'float' or 'base64'")
             dimensions = body.get("dimensions")
-            if dimensions not in (None, model.pipeline.dim):
-                raise InvalidInput(f"model '{name}' returns {model.pipeline.dim} dimensions; "
+            width = model.config.outputs[0].dims[-1]
+            if dimensions not in (None, width):
+                raise InvalidInput(f"model '{name}' returns {width} dimensions; "
                                    f"'dimensions' {dimensions!r} is not supported")
             result = await model.pipeline.infer(texts)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64"
                  else v}
-                for i, v in enumerate(result.vectors)]
+                for i, v in enumerate(result.output)]
         return _json({"object": "list", "data": data, "model": name,
                       "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}})
 

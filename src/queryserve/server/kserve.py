@@ -214,6 +214,17 @@ def _requested_outputs(raw: object, config: ModelConfig,
     return wanted
 
 
+def _bytes_blob(array: Array) -> bytes:
+    """BYTES elements as the binary extension lays them out: a 4-byte little-endian length,
+    then the UTF-8 bytes, for each element in order."""
+    parts = []
+    for item in array.ravel():
+        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
 def encode_infer_response(config: ModelConfig, version: str, request: InferRequest,
                           outputs: dict[str, Array]) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when binary outputs follow it."""
@@ -226,11 +237,12 @@ def encode_infer_response(config: ModelConfig, version: str, request: InferReque
         entry: dict[str, Any] = {"name": name, "datatype": spec.datatype,
                                  "shape": list(array.shape)}
         if as_binary:
-            blob = np.ascontiguousarray(array).tobytes()
+            blob = (_bytes_blob(array) if spec.datatype == "BYTES"
+                    else np.ascontiguousarray(array).tobytes())
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = array.ravel()
+            entry["data"] = array.ravel().tolist() if spec.datatype == "BYTES" else array.ravel()
         described.append(entry)
     head: dict[str, Any] = {"model_name": config.name, "model_version": version,
                             "outputs": described}

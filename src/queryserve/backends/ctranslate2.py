@@ -1,0 +1,67 @@
+"""CTranslate2: seq2seq generation (T5, BART) from a converted model folder.
+
+Input is a batch of source token strings (the model's own vocabulary, end token included), as
+an object array of lists; output is the best hypothesis's tokens per item, in order. Decoding is
+greedy unless `beam_size` > 1. The batch arrives already cut by the scheduler, so CTranslate2's
+own batching is off (`max_batch_size=0`), and one translator thread per instance
+(`inter_threads=1`): the server's instances are its parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from queryserve.config import ModelConfig
+from queryserve.errors import ConfigError
+from queryserve.types import Array
+
+SOURCE_TOKENS = "source_tokens"
+OUTPUT_TOKENS = "output_tokens"
+
+
+def token_rows(rows: list[list[str]]) -> Array:
+    """An object array holding one list per row (numpy would make a 2-D array of equal rows)."""
+    array = np.empty(len(rows), dtype=object)
+    array[:] = rows
+    return array
+
+
+class CTranslate2Backend:
+    input_names: tuple[str, ...] = (SOURCE_TOKENS,)
+
+    def __init__(self, config: ModelConfig, threads: int) -> None:
+        import ctranslate2  # here, so servers without seq2seq models never load it
+
+        path = config.path / config.parameter("model_dir", "ctranslate2")
+        if not (path / "model.bin").is_file():
+            raise ConfigError(f"{config.path / 'model.yaml'}: {path} is not a CTranslate2 model "
+                              "folder (no model.bin); make one with `queryserve optimize "
+                              "--task seq2seq`")
+        device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        # On small models a second intra-op thread costs more than it gives (measured in
+        # BENCHMARKS.md): `intra_threads` caps the threads this instance takes.
+        intra = min(threads, config.parameter("intra_threads", threads))
+        self.translator = ctranslate2.Translator(
+            str(path), device=device, compute_type=config.parameter("compute_type", "default"),
+            inter_threads=1, intra_threads=intra)
+        self.device = device
+        self.beam_size = config.parameter("beam_size", 1)
+        self.max_length = config.parameter("max_output_length", 64)
+        self.max_input_length = config.parameter("max_sequence_length", 256)
+
+    def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        hypotheses = generate(self.translator, list(inputs[SOURCE_TOKENS]), self.beam_size,
+                              self.max_length, self.max_input_length)
+        return {OUTPUT_TOKENS: token_rows(hypotheses)}
+
+
+def generate(translator: Any, sources: list[list[str]], beam_size: int, max_length: int,
+             max_input_length: int = 256) -> list[list[str]]:
+    """The best hypothesis's tokens for each source, decoded as the server decodes (the
+    optimizer's gate and timing call this too)."""
+    results = translator.translate_batch(
+        sources, max_batch_size=0, beam_size=beam_size, num_hypotheses=1,
+        max_decoding_length=max_length, max_input_length=max_input_length)
+    return [r.hypotheses[0] for r in results]

@@ -1,0 +1,126 @@
+"""The accuracy gate: how an optimized model's outputs are compared with the original's, and
+the bounds each precision must meet.
+
+- embed: cosine of the embeddings (fp32: mean >= 0.9999; reduced precision: mean >= 0.99 and
+  min >= 0.97) and, for normalising models, unit rows;
+- classify and pair: agreement of the top-1 label (fp32: >= 99.9% and probabilities within
+  1e-3; reduced precision: >= 99%);
+- seq2seq: exact match of the generated text (every precision: >= 99% of inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from queryserve.errors import ExportError
+from queryserve.optimize.recipes import Precision
+
+Floats = npt.NDArray[np.float32]
+
+# The gates. fp32 must match the original to rounding; a reduced precision may drift a little
+# on average but never badly on any single input.
+FP32_MIN_MEAN = 0.9999
+REDUCED_MIN_MEAN = 0.99
+REDUCED_MIN_MIN = 0.97
+NORM_TOLERANCE = 1e-3  # pooling and normalisation are in the graph: rows must be unit already
+FP32_MIN_AGREEMENT = 0.999
+FP32_MAX_PROBABILITY_ERROR = 1e-3
+REDUCED_MIN_AGREEMENT = 0.99
+SEQ2SEQ_MIN_EXACT = 0.99  # identical generated text on >= 99% of the inputs, at any precision
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Agreement of a variant with the original, worst case over the batch sizes.
+
+    embed: `mean`/`min` are cosines and `max_error` is the largest |norm - 1| (0 when the model
+    does not normalise). classify and pair: `mean` and `min` are both the top-1 agreement and
+    `max_error` is the largest difference of a probability. seq2seq: `mean` and `min` are both
+    the share of inputs whose generated text is identical, and `max_error` is the share that
+    differs.
+    """
+
+    precision: Precision
+    metric: str  # "cosine", "top1" or "exact"
+    mean: float
+    min: float
+    max_error: float
+    batch_sizes: tuple[int, ...]
+    passed: bool
+
+    @property
+    def max_norm_error(self) -> float:
+        return self.max_error
+
+    def describe(self) -> str:
+        sizes = f"over batch sizes {list(self.batch_sizes)}"
+        if self.metric == "exact":
+            return f"identical generated text on {self.mean:.2%} of inputs {sizes}"
+        if self.metric == "top1":
+            return (f"top-1 agreement {self.mean:.2%}, max |probability difference| "
+                    f"{self.max_error:.1e} {sizes}")
+        return (f"mean cosine {self.mean:.6f}, min {self.min:.6f}, max |norm-1| "
+                f"{self.max_error:.1e} {sizes}")
+
+    def brief(self) -> str:
+        if self.metric == "exact":
+            return f"exact match {self.mean:.2%}"
+        if self.metric == "top1":
+            return f"top-1 {self.mean:.2%}, max |dp| {self.max_error:.1e}"
+        return f"cos mean {self.mean:.5f} min {self.min:.5f}"
+
+    def shortfall(self) -> str:
+        """What the variant missed its gate by, or '' if it passed."""
+        if self.passed:
+            return ""
+        misses = []
+        for label, value, bound, higher in _bounds(self):
+            if (value < bound) if higher else (value > bound):
+                misses.append(f"{label} {value:.6f} {'<' if higher else '>'} {bound} "
+                              f"(by {abs(value - bound):.6f})")
+        return "; ".join(misses)
+
+
+def _bounds(parity: Parity) -> list[tuple[str, float, float, bool]]:
+    fp32 = parity.precision == "fp32"
+    if parity.metric == "exact":
+        return [("exact match", parity.mean, SEQ2SEQ_MIN_EXACT, True)]
+    if parity.metric == "top1":
+        bounds = [("top-1 agreement", parity.mean,
+                   FP32_MIN_AGREEMENT if fp32 else REDUCED_MIN_AGREEMENT, True)]
+        if fp32:
+            bounds.append(("max |probability difference|", parity.max_error,
+                           FP32_MAX_PROBABILITY_ERROR, False))
+        return bounds
+    if fp32:
+        bounds = [("mean cosine", parity.mean, FP32_MIN_MEAN, True)]
+    else:
+        bounds = [("mean cosine", parity.mean, REDUCED_MIN_MEAN, True),
+                  ("min cosine", parity.min, REDUCED_MIN_MIN, True)]
+    return [*bounds, ("max |norm-1|", parity.max_error, NORM_TOLERANCE, False)]
+
+
+def bounds_met(parity: Parity) -> bool:
+    """Whether the figures meet every bound of their metric and precision."""
+    return all(((v >= b) if higher else (v <= b)) for _, v, b, higher in _bounds(parity))
+
+
+def compare(metric: str, outputs: Floats, reference: Floats,
+            normalized: bool) -> tuple[float, float, float]:
+    """(mean, min, max_error) of one batch size's outputs against the reference."""
+    if outputs.shape != reference.shape:
+        raise ExportError(f"the encoder returned {outputs.shape}, expected {reference.shape}")
+    if metric == "top1":
+        agreement = float(np.mean(outputs.argmax(axis=1) == reference.argmax(axis=1)))
+        error = float(np.nan_to_num(np.abs(outputs - reference), nan=np.inf).max())
+        return agreement, agreement, error
+    norms = np.linalg.norm(outputs, axis=1)
+    cosines = np.sum(outputs * reference, axis=1) / (
+        np.maximum(norms, 1e-12) * np.linalg.norm(reference, axis=1))
+    cosines = np.nan_to_num(cosines, nan=-1.0)  # a non-finite row counts as opposite
+    norm_error = (float(np.nan_to_num(np.abs(norms - 1.0), nan=np.inf).max()) if normalized
+                  else 0.0)
+    return float(cosines.mean()), float(cosines.min()), norm_error

@@ -1,0 +1,143 @@
+"""One optimization run's plan, its report, and its progress display: shared by the encoder
+flow (ONNX Runtime) and the seq2seq flow (CTranslate2)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from queryserve.optimize.gate import Parity
+from queryserve.optimize.recipes import Precision
+from queryserve.optimize.source import Source
+
+Item = str | tuple[str, str]  # a text, or a pair of texts for the pair task
+
+# Batch 1 (a lone query), 32 (timed) and 64 (the server's max_batch_size).
+PARITY_BATCH_SIZES = (1, 32, 64)
+TIMING_BATCH_SIZES = (1, 32)
+TIMING_SECONDS = 2.0
+TIMING_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class VariantReport:
+    name: str
+    precision: Precision
+    recipe: str
+    passed: bool
+    parity: Parity | None
+    queries_per_second: Mapping[int, float]  # batch size -> median q/s; empty if not timed
+    file: str | None  # relative to the model folder; None when not kept
+    error: str | None = None  # why it could not be built, if it could not
+    differences: tuple[tuple[str, str, str], ...] = ()  # seq2seq: (input, original, variant)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Before/after figures for the report: file size, load time, batch 1 and batch 32."""
+
+    size_mb: float
+    load_s: float
+    batch_1_ms: float
+    batch_32_per_s: float
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    chosen: str
+    reason: str
+    variants: tuple[VariantReport, ...]
+    model_path: Path
+    report_path: Path
+    elapsed_s: float
+    forced: bool = False
+    before: Speed | None = None  # the original in PyTorch, when measured
+    after: Speed | None = None  # the chosen variant
+    engine: str = "ONNX"  # what runs the written model, for the report
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to build and check: the inputs of one optimization run."""
+
+    source: Source
+    precisions: tuple[Precision, ...]
+    parity_items: Sequence[Item]
+    calibration_items: Sequence[Item]
+    timing_seconds: float = TIMING_SECONDS
+    timing_rounds: int = TIMING_ROUNDS
+    parity_batch_sizes: Sequence[int] = PARITY_BATCH_SIZES
+    force: bool = False  # write the best variant even if none passes its gate
+    measure_original: bool = False  # time the PyTorch original for the report
+    model_config: str | None = None  # model.yaml to write, or None to keep the folder's own
+    extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
+
+
+def choose_fastest(speeds: Mapping[str, Mapping[int, float]],
+            results: Mapping[str, Parity]) -> tuple[str, str]:
+    """The passing variant with the best geometric mean of its timed batch sizes: a lone query
+    and a full batch both matter, and neither should dominate by its scale."""
+
+    def score(name: str) -> float:
+        return math.exp(statistics.fmean(math.log(q) for q in speeds[name].values()))
+
+    ranked = sorted(speeds, key=score, reverse=True)
+    chosen = ranked[0]
+    figures = ", ".join(f"{n} {score(n):.0f}" for n in ranked)
+    reason = (f"{chosen} passes its {results[chosen].precision} gate "
+              f"({results[chosen].describe()}) and is the fastest that passes: geometric mean of "
+              f"batch {'/'.join(map(str, TIMING_BATCH_SIZES))} queries/s: {figures}")
+    return chosen, reason
+
+
+# -- progress --------------------------------------------------------------------------------
+
+
+class Steps:
+    """One progress bar over every step; the timing steps are added once parity is known."""
+
+    def __init__(self, display: Progress, total: int, title: str) -> None:
+        self.display = display
+        self.total = total
+        self.title = title
+        self.task: TaskID = display.add_task(title, total=total)
+        self.started = False
+
+    def next(self, description: str) -> None:
+        if self.started:
+            self.display.advance(self.task)
+        self.started = True
+        self.display.update(self.task, description=description)
+
+    def grow(self, steps: int) -> None:
+        self.total += steps
+        self.display.update(self.task, total=self.total)
+
+    def finish(self) -> None:
+        self.display.update(self.task, completed=self.total, description=f"{self.title}: done")
+
+
+@contextmanager
+def progress_display(progress: Progress | bool) -> Iterator[Progress]:
+    if isinstance(progress, Progress):  # the caller's display: add our task to it
+        yield progress
+        return
+    columns = (SpinnerColumn(), TextColumn("[progress.description]{task.description}"),
+               BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress) as display:
+        yield display
+

@@ -1,0 +1,454 @@
+"""Optimize a seq2seq model (T5, BART): convert to CTranslate2 at each planned precision, gate
+each against Hugging Face `generate` on real inputs, time those that pass, and write the fastest
+as a servable model folder.
+
+The gate is exact match of the generated text: the original runs `generate` in PyTorch with the
+same decoding (greedy or beam, same maximum length) and the optimized model runs exactly as the
+server runs it (`tokenizers` encoding, `backends.ctranslate2.generate`, the pipeline's
+decoding), at batch 1 and 32. fp32 is always converted and checked first: a converter problem
+shows there, before any precision is blamed.
+
+Precisions map to CTranslate2 compute types: fp32 -> float32, int8 -> int8 (int8 weights and
+matrix products, the rest in float32), bf16 -> int8_bfloat16 and bfloat16, fp16 -> int8_float16
+and float16. A type this CTranslate2 build cannot run on this device is reported as not built,
+in the runtime's own words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+from tokenizers import Tokenizer
+
+from queryserve.backends.ctranslate2 import generate
+from queryserve.errors import ExportError
+from queryserve.optimize.gate import SEQ2SEQ_MIN_EXACT, Parity, bounds_met
+from queryserve.optimize.plan import (
+    TIMING_BATCH_SIZES,
+    Plan,
+    PrepareReport,
+    Speed,
+    Steps,
+    VariantReport,
+    choose_fastest,
+    progress_display,
+)
+from queryserve.optimize.recipes import Precision
+from queryserve.optimize.source import Source, tokenizer_file
+from queryserve.pipelines.base import open_tokenizer
+from queryserve.pipelines.text2text import decode_tokens, source_tokens
+
+COMPUTE_TYPES: Mapping[Precision, tuple[str, ...]] = {
+    "fp32": ("float32",),
+    "int8": ("int8",),
+    "bf16": ("int8_bfloat16", "bfloat16"),
+    "fp16": ("int8_float16", "float16"),
+}
+PARITY_BATCH_SIZES = (1, 32)
+TIMING_ITEMS = 64  # the first parity inputs; batch 1 in PyTorch takes ~0.1 s per query
+# One intra-op thread per translator: on a small model a second thread cost ~10x at batch 1
+# on this 2-core VM (../shared/reference/measurements.md); the server scales by instances.
+CT2_THREADS = 1
+TORCH_THREADS = 2  # PyTorch's own best here: all the cores
+MAX_DIFFERENCES = 5  # examples of differing outputs kept in the report
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How both the original and the optimized model generate; written into model.yaml."""
+
+    beam_size: int = 1
+    max_output_length: int = 64
+
+
+def device() -> str:
+    import ctranslate2
+
+    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+
+
+def unsupported_reason(precisions: Sequence[Precision]) -> str:
+    """Why none of `precisions` can run on this machine's CTranslate2, or '' if one can."""
+    import ctranslate2
+
+    offered = ctranslate2.get_supported_compute_types(device())
+    if any(t in offered for p in precisions for t in COMPUTE_TYPES[p]):
+        return ""
+    asked = ", ".join(t for p in precisions for t in COMPUTE_TYPES[p])
+    return (f"CTranslate2 {ctranslate2.__version__} on {device()} runs "
+            f"{', '.join(sorted(offered))}, not {asked}")
+
+
+# -- the original: Hugging Face generate in PyTorch ------------------------------------------
+
+
+class Original:
+    """The source model in PyTorch, generating as `generate` does with the planned decoding."""
+
+    def __init__(self, source: Source, tokenizer: Tokenizer, decoding: Decoding) -> None:
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+
+        torch.set_num_threads(TORCH_THREADS)
+        started = time.perf_counter()
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(str(source.path)).eval()
+        self.load_s = time.perf_counter() - started
+        self.tokenizer = tokenizer
+        self.decoding = decoding
+        config = self.model.config
+        self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
+
+    def generate(self, texts: Sequence[str]) -> list[str]:
+        import torch
+
+        rows = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        longest = max(len(r) for r in rows)
+        ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+        beams = self.decoding.beam_size
+        # CTranslate2 ends a beam search once `beam_size` hypotheses are finished, as
+        # early_stopping=True does; a folder's own generation settings are overridden by what
+        # the served model does (no n-gram blocking, no length or repetition penalty, no end
+        # token forced at the maximum length).
+        extra = {"num_beams": beams, "early_stopping": True} if beams > 1 else {}
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False,
+                max_new_tokens=self.decoding.max_output_length, min_length=0,
+                length_penalty=1.0, no_repeat_ngram_size=0, repetition_penalty=1.0,
+                forced_eos_token_id=None, **extra)
+        return [t.strip() for t in self.tokenizer.decode_batch(out.tolist(),
+                                                               skip_special_tokens=True)]
+
+
+def original_generations(original: Original, texts: Sequence[str]) -> list[str]:
+    return [out for i in range(0, len(texts), 32) for out in original.generate(texts[i:i + 32])]
+
+
+# -- the optimized model, as the server runs it ----------------------------------------------
+
+
+def convert(source: Source, out: Path, compute_type: str) -> None:
+    """A CTranslate2 model folder with weights stored in `compute_type`."""
+    from ctranslate2.converters import TransformersConverter
+
+    try:
+        with _convertible(source) as folder:
+            TransformersConverter(str(folder)).convert(str(out), quantization=compute_type,
+                                                       force=True)
+    except Exception as error:  # the converter raises many kinds; the report needs one line
+        raise ExportError(f"CTranslate2 could not convert {source.path}: "
+                          f"{type(error).__name__}: {error}") from None
+
+
+@contextmanager
+def _convertible(source: Source) -> Iterator[Path]:
+    """The folder as CTranslate2's converter can read it. Its BART loader (4.8.5) reads
+    `config.normalize_before`, which transformers 5 no longer writes; BART is post-norm, so a
+    scratch copy of the folder (weights linked, not copied) says so. Other folders go as they
+    are; the user's folder is never changed."""
+    config = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+    if source.model_type != "bart" or "normalize_before" in config:
+        yield source.path
+        return
+    with tempfile.TemporaryDirectory(prefix="queryserve-bart-") as tmp:
+        folder = Path(tmp)
+        for item in source.path.iterdir():
+            if item.name != "config.json":
+                (folder / item.name).symlink_to(item.resolve())
+        (folder / "config.json").write_text(json.dumps({**config, "normalize_before": False}),
+                                            encoding="utf-8")
+        yield folder
+
+
+def translator(path: Path, compute_type: str = "default", threads: int = CT2_THREADS) -> Any:
+    import ctranslate2
+
+    return ctranslate2.Translator(str(path), device=device(), compute_type=compute_type,
+                                  inter_threads=1, intra_threads=threads)
+
+
+def generations(model: Any, tokenizer: Tokenizer, texts: Sequence[str], batch_size: int,
+                decoding: Decoding, max_input_length: int) -> list[str]:
+    outputs: list[str] = []
+    for i in range(0, len(texts), batch_size):
+        tokens = source_tokens(tokenizer, texts[i:i + batch_size])
+        outputs += decode_tokens(tokenizer, generate(model, tokens, decoding.beam_size,
+                                                     decoding.max_output_length,
+                                                     max_input_length))
+    return outputs
+
+
+def parity(model: Any, tokenizer: Tokenizer, texts: Sequence[str], reference: Sequence[str],
+           precision: Precision, decoding: Decoding, max_input_length: int,
+           ) -> tuple[Parity, tuple[tuple[str, str, str], ...]]:
+    """Exact match against the original, worst over the batch sizes, and examples of misses."""
+    rates = []
+    differences: dict[str, tuple[str, str, str]] = {}
+    for batch_size in PARITY_BATCH_SIZES:
+        outputs = generations(model, tokenizer, texts, batch_size, decoding, max_input_length)
+        same = [a == b for a, b in zip(outputs, reference, strict=True)]
+        rates.append(sum(same) / len(same))
+        for text, original, output, equal in zip(texts, reference, outputs, same, strict=True):
+            if not equal and len(differences) < MAX_DIFFERENCES:
+                differences.setdefault(text, (text, original, output))
+    rate = min(rates)
+    draft = Parity(precision, "exact", rate, rate, 1.0 - rate, PARITY_BATCH_SIZES, True)
+    checked = Parity(precision, "exact", rate, rate, 1.0 - rate, PARITY_BATCH_SIZES,
+                     bounds_met(draft))
+    return checked, tuple(differences.values())
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+
+def _rate(run: Any, texts: Sequence[str], batch_size: int, seconds: float) -> float:
+    """Queries/s over whole passes of `texts` until `seconds` have gone by."""
+    groups = [texts[i:i + batch_size] for i in range(0, len(texts), batch_size)]
+    done = 0
+    start = time.perf_counter()
+    while True:
+        for group in groups:
+            run(group)
+        done += len(texts)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return done / elapsed
+
+
+def time_runners(runners: Mapping[str, Any], texts: Sequence[str], seconds: float, rounds: int,
+                 steps: Steps | None = None) -> dict[str, dict[int, float]]:
+    """Median queries/s per runner and batch size, rounds interleaving the runners so a slow
+    spell on a shared machine hits all of them alike."""
+    samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in TIMING_BATCH_SIZES}
+                                                  for n in runners}
+    for run in runners.values():  # warm-up
+        for batch_size in TIMING_BATCH_SIZES:
+            run(texts[:batch_size])
+    for round_ in range(rounds):
+        for batch_size in TIMING_BATCH_SIZES:
+            for name, run in runners.items():
+                if steps is not None:
+                    steps.next(f"timing {name}, batch {batch_size} (round {round_ + 1}/{rounds})")
+                samples[name][batch_size].append(_rate(run, texts, batch_size, seconds))
+    return {n: {b: statistics.median(s) for b, s in by_batch.items()}
+            for n, by_batch in samples.items()}
+
+
+def _runner(model: Any, tokenizer: Tokenizer, decoding: Decoding, max_input_length: int) -> Any:
+    def run(texts: Sequence[str]) -> list[str]:
+        return generations(model, tokenizer, texts, len(texts), decoding, max_input_length)
+
+    return run
+
+
+def _folder_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+def _weights_mb(source: Source) -> float:
+    files = [p for p in source.path.iterdir() if p.suffix in (".safetensors", ".bin")]
+    return sum(p.stat().st_size for p in files) / 1e6
+
+
+# -- the whole run ---------------------------------------------------------------------------
+
+
+def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(), *,
+                     progress: Progress | bool = True,
+                     report_name: str = "prepare.json") -> PrepareReport:
+    """Convert, gate, time and write `model_dir/ctranslate2/` (variants that passed under
+    `variants/`), with `tokenizer.json`, the report and, if planned, `model.yaml`.
+
+    Raises ExportError if the float32 conversion fails its gate, or if no planned precision
+    passes (unless `plan.force`, which writes the closest one and says so)."""
+    import ctranslate2
+
+    started = time.perf_counter()
+    source = plan.source
+    texts = [str(item) for item in plan.parity_items]
+    if not texts:
+        raise ExportError("the accuracy gate needs real inputs; none were given")
+    offered = ctranslate2.get_supported_compute_types(device())
+    wanted = [t for p in plan.precisions for t in COMPUTE_TYPES[p] if t != "float32"]
+    precision_of = {t: p for p, types in COMPUTE_TYPES.items() for t in types}
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=model_dir.parent, prefix=f".{model_dir.name}-") as tmp, \
+            progress_display(progress) as display:
+        work = Path(tmp)
+        steps = Steps(display, 3 + 2 * len(wanted) + 1, f"optimizing {source.name}")
+        tokenizer_src = tokenizer_file(source, work)
+        tokenizer = open_tokenizer(tokenizer_src, source.max_length)
+        steps.next("generating with the original (Hugging Face generate, PyTorch)")
+        original = Original(source, tokenizer, decoding)
+        reference = original_generations(original, texts)
+        steps.next("converting to CTranslate2 float32")
+        paths = {"float32": work / "float32"}
+        convert(source, paths["float32"], "float32")
+        steps.next("parity of float32")
+        results, differences = {}, {}
+        results["float32"], differences["float32"] = parity(
+            translator(paths["float32"]), tokenizer, texts, reference, "fp32", decoding,
+            source.max_length)
+        if not results["float32"].passed:
+            raise ExportError(f"the float32 CTranslate2 conversion fails its accuracy gate: "
+                              f"{results['float32'].shortfall()} "
+                              f"({results['float32'].describe()})")
+        errors: dict[str, str] = {}
+        for compute_type in wanted:
+            steps.next(f"converting to {compute_type}")
+            if compute_type not in offered:
+                errors[compute_type] = (f"CTranslate2 {ctranslate2.__version__} on {device()} "
+                                        f"runs {', '.join(sorted(offered))}")
+                steps.next(f"parity of {compute_type}")
+                continue
+            paths[compute_type] = work / compute_type
+            convert_variant(source, paths[compute_type], compute_type)
+            steps.next(f"parity of {compute_type}")
+            results[compute_type], differences[compute_type] = parity(
+                translator(paths[compute_type]), tokenizer, texts, reference,
+                precision_of[compute_type], decoding, source.max_length)
+        candidates = [n for n, r in results.items() if r.precision in plan.precisions]
+        passed = [n for n in candidates if results[n].passed]
+        forced = False
+        if not passed:
+            if not plan.force or not candidates:
+                raise ExportError(_no_candidate(plan, results, errors))
+            passed = [max(candidates, key=lambda n: results[n].mean)]
+            forced = True
+        kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
+        timed = texts[:TIMING_ITEMS]
+        shape = {"mean_input_tokens": _mean_tokens(tokenizer, timed),
+                 "mean_output_tokens": _mean_tokens(tokenizer, reference[:TIMING_ITEMS])}
+        # Every built candidate is timed, the ones that miss too: the report then shows what
+        # the gate cost (a few variants at most, so this is cheap next to the parity runs).
+        steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(candidates)
+                   + (1 if plan.measure_original else 0))
+        load_s = {}
+        runners = {}
+        for name in candidates:
+            t0 = time.perf_counter()
+            model = translator(paths[name])
+            load_s[name] = time.perf_counter() - t0
+            runners[name] = _runner(model, tokenizer, decoding, source.max_length)
+        speeds = time_runners(runners, timed, plan.timing_seconds, plan.timing_rounds, steps)
+        chosen, reason = choose_fastest({n: speeds[n] for n in passed}, results)
+        if forced:
+            reason = (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
+                      f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
+        before = None
+        if plan.measure_original:
+            steps.next("timing the original in PyTorch")
+            rates = time_runners({"original": original.generate}, timed, plan.timing_seconds,
+                                 plan.timing_rounds)["original"]
+            before = Speed(_weights_mb(source), original.load_s, 1000 / rates[1], rates[32])
+        after = Speed(_folder_mb(paths[chosen]), load_s[chosen], 1000 / speeds[chosen][1],
+                      speeds[chosen][32])
+        steps.next("writing the model folder")
+        files = _install(work, model_dir, paths, kept, chosen, tokenizer_src, plan.model_config)
+        variants = tuple(
+            VariantReport(name, result.precision, f"CTranslate2 {ctranslate2.__version__}, "
+                          f"compute type {name}", result.passed, result, speeds.get(name, {}),
+                          files.get(name), None, differences.get(name, ()))
+            for name, result in results.items()
+        ) + tuple(VariantReport(name, precision_of[name], f"CTranslate2 compute type {name}",
+                                False, None, {}, None, error)
+                  for name, error in errors.items())
+        report = PrepareReport(chosen, reason, variants, model_dir / "ctranslate2",
+                               model_dir / report_name, time.perf_counter() - started, forced,
+                               before, after, engine="CTranslate2")
+        _write_report(report, plan, decoding, shape)
+        steps.finish()
+    return report
+
+
+def convert_variant(source: Source, out: Path, compute_type: str) -> None:
+    """A variant's conversion (the seam the tests use to feed a damaged model to the gate)."""
+    convert(source, out, compute_type)
+
+
+def _no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str, str]) -> str:
+    lines = [f"no {'/'.join(plan.precisions)} variant of {plan.source.name} passes its "
+             "accuracy gate, so nothing was written (--force writes the closest anyway):"]
+    lines += [f"  {name}: misses by {result.shortfall()}" for name, result in results.items()
+              if result.precision in plan.precisions]
+    lines += [f"  {name}: not built: {error}" for name, error in errors.items()]
+    return "\n".join(lines)
+
+
+def _install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],
+             chosen: str, tokenizer_src: Path, model_config: str | None) -> dict[str, str]:
+    """Move the kept models into place; returns variant -> folder relative to model_dir."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("ctranslate2", "variants"):
+        shutil.rmtree(model_dir / stale, ignore_errors=True)
+    (model_dir / "variants").mkdir()
+    files: dict[str, str] = {}
+    for name in kept:
+        relative = "ctranslate2" if name == chosen else f"variants/{name}"
+        os.replace(paths[name], model_dir / relative)
+        files[name] = relative
+    shutil.copyfile(tokenizer_src, model_dir / "tokenizer.json")
+    if model_config is not None:
+        staged = work / "model.yaml"
+        staged.write_text(model_config, encoding="utf-8")
+        os.replace(staged, model_dir / "model.yaml")
+    return files
+
+
+def _mean_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> float:
+    """Mean tokens per text, end token included (what the encoder reads, or the decoder
+    steps a generation takes)."""
+    return statistics.fmean(len(e.ids) for e in tokenizer.encode_batch(list(texts)))
+
+
+def _write_report(report: PrepareReport, plan: Plan, decoding: Decoding,
+                  shape: Mapping[str, float]) -> None:
+    import ctranslate2
+
+    document: dict[str, Any] = {
+        "model": str(plan.extra.get("model", plan.source.path)),
+        "task": "seq2seq",
+        "precisions": list(plan.precisions),
+        "chosen": report.chosen,
+        "forced": report.forced,
+        "reason": report.reason,
+        "gate": {"exact_match_min": SEQ2SEQ_MIN_EXACT},
+        "decoding": asdict(decoding),
+        "parity_queries": len(plan.parity_items),
+        "timing": {"batch_sizes": list(TIMING_BATCH_SIZES), "queries": TIMING_ITEMS, **shape,
+                   "seconds_per_round": plan.timing_seconds, "rounds": plan.timing_rounds,
+                   "statistic": "median", "tokenization_included": True,
+                   "ctranslate2_intra_threads": CT2_THREADS, "torch_threads": TORCH_THREADS},
+        "before": asdict(report.before) if report.before else None,
+        "after": asdict(report.after) if report.after else None,
+        "ctranslate2": ctranslate2.__version__,
+        "device": device(),
+        "elapsed_s": round(report.elapsed_s, 1),
+        "variants": [_variant_json(v) for v in report.variants],
+        **{k: v for k, v in plan.extra.items() if k != "model"},
+    }
+    report.report_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def _variant_json(variant: VariantReport) -> dict[str, Any]:
+    entry = asdict(variant)
+    entry["queries_per_second"] = {f"batch_{b}": round(q, 1)
+                                   for b, q in variant.queries_per_second.items()}
+    entry["differences"] = [{"input": a, "original": b, "optimized": c}
+                            for a, b, c in variant.differences]
+    return entry

@@ -1,0 +1,53 @@
+"""`text2text`: text in, generated text out (a seq2seq model such as a spelling corrector).
+
+The tokenizer gives each text's source tokens (the model's vocabulary strings, end token
+included, as CTranslate2 takes them); the batcher cuts batches against their count; the
+backend decodes a batch at once; `split` turns each hypothesis back into text on the instance
+thread. With the response cache on, a query seen before is answered without decoding: for
+search traffic, where the head queries repeat, that is the cheapest decoder step of all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from queryserve.backends.ctranslate2 import OUTPUT_TOKENS, SOURCE_TOKENS, token_rows
+from queryserve.pipelines.base import TextPipeline
+from queryserve.types import Array
+
+
+def source_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[str]]:
+    """Each text's tokens as vocabulary strings, special tokens included."""
+    if len(texts) == 1:  # encode() skips encode_batch's thread pool
+        return [tokenizer.encode(texts[0]).tokens]
+    return [e.tokens for e in tokenizer.encode_batch(list(texts))]
+
+
+def decode_tokens(tokenizer: Tokenizer, hypotheses: Sequence[Sequence[str]]) -> list[str]:
+    """Generated tokens back to text, special tokens dropped."""
+    unknown = tokenizer.token_to_id("<unk>") or 0
+    ids = [[i if (i := tokenizer.token_to_id(t)) is not None else unknown for t in tokens]
+           for tokens in hypotheses]
+    return [text.strip() for text in tokenizer.decode_batch(ids, skip_special_tokens=True)]
+
+
+class TextToText(TextPipeline[list[str], str]):
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
+        return source_tokens(self.tokenizer, texts)
+
+    def count(self, payload: list[str]) -> int:
+        return len(payload)
+
+    def stack(self, rows: Sequence[str]) -> Array:
+        texts = np.empty((len(rows), 1), dtype=object)
+        texts[:, 0] = rows
+        return texts
+
+    def collate(self, payloads: Sequence[list[str]]) -> dict[str, Array]:
+        return {SOURCE_TOKENS: token_rows(list(payloads))}
+
+    def split(self, outputs: dict[str, Array], count: int) -> Sequence[str]:
+        return decode_tokens(self.tokenizer, list(outputs[OUTPUT_TOKENS]))
