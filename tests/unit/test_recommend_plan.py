@@ -69,6 +69,20 @@ def test_point_yaml_is_a_valid_model_config(tmp_path: Path) -> None:
     assert max(s.batch_size for s in config.model_warmup) == 8
 
 
+def test_spinning_is_tried_with_each_layout_that_has_threads_to_spin() -> None:
+    knobs = default_knobs(FILES, Point("int8", 64, 0, 2, 1), cores=2)
+    assert knobs.spinning == (False, True)
+    layouts = {(p.instances, p.threads, p.spinning)
+               for p in stage_points(1, Point("int8", 64, 0, 2, 1), knobs)}
+    assert layouts == {(1, 1, False), (1, 2, False), (1, 2, True), (2, 1, False)}
+    spinning = Point("int8", 64, 0, 1, 2, spinning=True)
+    assert spinning.id == "int8/b64/d0/1x2/spin"
+    written = point_yaml(shipped_config(), spinning, FILES)
+    assert written["parameters"]["allow_spinning"] is True
+    assert current_point(written, FILES, cores=2) == spinning
+    assert default_knobs(FILES, spinning, 2, backend="ctranslate2").spinning == (True,)
+
+
 def test_a_seq2seq_point_names_its_ctranslate2_folder() -> None:
     config: dict[str, object] = {"backend": "ctranslate2", "max_batch_size": 32,
                                  "instance_group": {"count": 2},

@@ -203,6 +203,13 @@ def _names(value: str) -> list[str]:
     return names
 
 
+def _spinning(value: str) -> list[bool]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names or any(n not in ("off", "on") for n in names):
+        raise argparse.ArgumentTypeError(f"{value!r}: use off, on or off,on")
+    return [n == "on" for n in dict.fromkeys(names)]
+
+
 def _layouts(value: str) -> list[tuple[int, int]]:
     out = []
     for item in _names(value):
@@ -243,6 +250,9 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                      help="model variants to try (default: every one that passed its gate)")
     rec.add_argument("--layouts", type=_layouts, default=None,
                      help="instances x threads to try, e.g. 1x2,2x1 (default: all that fit)")
+    rec.add_argument("--spinning", type=_spinning, default=None,
+                     help="ONNX Runtime thread spinning to try with multi-thread layouts: off, "
+                          "on or off,on (default: off,on for ONNX models)")
     rec.add_argument("--max-batch-sizes", type=_ints, default=None,
                      help="e.g. 8,16,64 (default: 8,16,64 and the current one)")
     rec.add_argument("--delays-us", type=_ints, default=None,
@@ -281,7 +291,8 @@ def run_recommend_command(args: argparse.Namespace) -> None:
                   start_rate=args.start_rate, max_rate=args.max_rate, out_dir=args.out,
                   # Knobs not given stay empty: run_recommend takes the model's defaults.
                   knobs=Knobs(tuple(args.precisions or ()), tuple(args.layouts or ()),
-                              tuple(args.max_batch_sizes or ()), tuple(args.delays_us or ())))
+                              tuple(args.max_batch_sizes or ()), tuple(args.delays_us or ()),
+                              tuple(args.spinning or ())))
     console = Console(stderr=True)
     observer = PlainSteps() if args.no_progress else LiveSteps(console)
 

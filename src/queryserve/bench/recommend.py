@@ -54,11 +54,12 @@ class Point:
     max_queue_delay_us: int
     instances: int
     threads: int
+    spinning: bool = False  # ONNX Runtime's intra-op threads spin between batches
 
     @property
     def id(self) -> str:
         return (f"{self.precision}/b{self.max_batch_size}/d{self.max_queue_delay_us}/"
-                f"{self.instances}x{self.threads}")
+                f"{self.instances}x{self.threads}" + ("/spin" if self.spinning else ""))
 
     @property
     def cores(self) -> int:
@@ -73,6 +74,7 @@ class Knobs:
     layouts: tuple[tuple[int, int], ...]  # (instances, threads)
     max_batch_sizes: tuple[int, ...]
     delays_us: tuple[int, ...]
+    spinning: tuple[bool, ...] = ()  # tried with each layout of more than one thread
 
 
 @dataclass(frozen=True)
@@ -129,24 +131,35 @@ def current_point(config: dict[str, Any], files: dict[str, str], cores: int) -> 
         raise BenchError(f"{key} {model_file!r} is not one of the prepared variants "
                          f"({', '.join(files.values())})")
     instances = int(config.get("instance_group", {}).get("count", 1))
+    spinning = bool(config.get("parameters", {}).get("allow_spinning", False))
     return Point(precision, int(config["max_batch_size"]),
                  int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0)),
-                 instances, max(1, cores // instances))
+                 instances, max(1, cores // instances), spinning)
 
 
-def default_knobs(files: dict[str, str], start: Point, cores: int) -> Knobs:
-    """Every passing precision; each instances x threads layout that fits the cores; batch
-    sizes and delays around the current ones."""
+def default_knobs(files: dict[str, str], start: Point, cores: int,
+                  backend: str = "onnxruntime") -> Knobs:
+    """Every passing precision; each instances x threads layout that fits the cores, with
+    ONNX Runtime's thread spinning off and on; batch sizes and delays around the current
+    ones."""
     layouts = tuple((i, t) for i in range(1, cores + 1) for t in range(1, cores + 1)
                     if i * t <= cores)
     batches = tuple(sorted({8, 16, 64, start.max_batch_size}))
     delays = tuple(sorted({0, 1000, 4000, start.max_queue_delay_us}))
-    return Knobs(tuple(files), layouts, batches, delays)
+    spinning = (False, True) if backend == "onnxruntime" else (start.spinning,)
+    return Knobs(tuple(files), layouts, batches, delays, spinning)
+
+
+def _layout_points(best: Point, knobs: Knobs) -> list[Point]:
+    """Each layout, and each spinning setting where there are threads to spin."""
+    return [replace(best, instances=i, threads=t, spinning=spin) for i, t in knobs.layouts
+            for spin in knobs.spinning or (best.spinning,) if t > 1 or not spin]
 
 
 def full_grid(knobs: Knobs) -> list[Point]:
-    return [Point(p, b, d, i, t) for p in knobs.precisions for (i, t) in knobs.layouts
-            for b in knobs.max_batch_sizes for d in knobs.delays_us]
+    return [replace(layout, precision=p, max_batch_size=b, max_queue_delay_us=d)
+            for layout in _layout_points(Point("", 0, 0, 1, 1), knobs)
+            for p in knobs.precisions for b in knobs.max_batch_sizes for d in knobs.delays_us]
 
 
 def stage_points(stage: int, best: Point, knobs: Knobs) -> list[Point]:
@@ -155,13 +168,13 @@ def stage_points(stage: int, best: Point, knobs: Knobs) -> list[Point]:
     if stage == 0:
         return [replace(best, precision=p) for p in knobs.precisions]
     if stage == 1:
-        return [replace(best, instances=i, threads=t) for i, t in knobs.layouts]
+        return _layout_points(best, knobs)
     if stage == 2:
         return [replace(best, max_batch_size=b) for b in knobs.max_batch_sizes]
     return [replace(best, max_queue_delay_us=d) for d in knobs.delays_us]
 
 
-STAGES = ("precision", "instances x threads", "max batch size", "max queue delay")
+STAGES = ("precision", "instances x threads (spinning)", "max batch size", "max queue delay")
 
 
 def best_point(points: Sequence[dict[str, Any]], objective: str,
@@ -191,6 +204,8 @@ def point_yaml(config: dict[str, Any], point: Point, files: dict[str, str]) -> d
     out.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = (
         point.max_queue_delay_us)
     out.setdefault("instance_group", {})["count"] = point.instances
+    if config.get("backend", "onnxruntime") == "onnxruntime":
+        out.setdefault("parameters", {})["allow_spinning"] = point.spinning
     out.setdefault("parameters", {})[_model_parameter(config)[0]] = files[point.precision]
     for sample in out.get("model_warmup") or []:
         sample["batch_size"] = min(int(sample.get("batch_size", 1)), point.max_batch_size)
@@ -363,10 +378,12 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
         raise BenchError(f"no model {sweep.model!r} in {sweep.repository}") from None
     files = model_files(model_dir)
     start = current_point(config, files, sweep.total_cores)
-    base, given = default_knobs(files, start, sweep.total_cores), sweep.knobs
+    base = default_knobs(files, start, sweep.total_cores,
+                         str(config.get("backend", "onnxruntime")))
+    given = sweep.knobs
     knobs = Knobs(given.precisions or base.precisions, given.layouts or base.layouts,
                   given.max_batch_sizes or base.max_batch_sizes,
-                  given.delays_us or base.delays_us)
+                  given.delays_us or base.delays_us, given.spinning or base.spinning)
     unknown = set(knobs.precisions) - set(files)
     if unknown:
         raise BenchError(f"unknown precision {sorted(unknown)}: prepared are {sorted(files)}")
