@@ -305,11 +305,13 @@ def render_recommend(results: dict[str, Any], command: str) -> list[str]:
         "## 3. `queryserve recommend` for `embed` (p99 <= 10 ms)",
         "",
         f"`{command}`: the staged sweep (one knob at a time around the best so far: precision,",
-        "instances x threads, max batch size, max queue delay). Each point is served by its own",
+        "instances x threads with ONNX Runtime's thread spinning off and on where a layout has",
+        "threads to spin, max batch size, max queue delay). Each point is served by its own",
         "`queryserve serve`, pinned to the cores it uses, and searched like section 2 with 2 s",
         "runs. `*`: on the Pareto front of max rate against p99 there.",
         "",
-        f"| point (precision/max batch/delay us/instances x threads) | max req/s at {pct} <= 10 ms"
+        "| point (precision/max batch/delay us/instances x threads[/spin]) | "
+        f"max req/s at {pct} <= 10 ms"
         f" | p50 / {pct} there (ms) | peak RSS (MB) | Pareto |",
         "|---|---:|---:|---:|---|",
     ]
@@ -528,22 +530,28 @@ def render_seq2seq(report: dict[str, Any]) -> list[str]:
         f"{timing['queries']} of them: {timing['mean_input_tokens']:.1f} input tokens and "
         f"{timing['mean_output_tokens']:.1f} generated tokens on average, end token included "
         "(issue 4's case: about 9 in, 11 out). Median queries/s of "
-        f"{timing['rounds']} interleaved rounds, tokenization and decoding included; "
-        "CTranslate2 on 1 intra-op thread (the served setting), PyTorch on 2.", "",
-        "| engine | exact match with `generate` | batch 1 (ms/query) | batch 32 (queries/s) |",
-        "|---|---|---:|---:|",
-        f"| Hugging Face `generate`, PyTorch fp32 (before) | reference | "
-        f"{before['batch_1_ms']:.2f} | {before['batch_32_per_s']:.0f} |",
+        f"{timing['rounds']} rounds, tokenization and decoding included. Each CTranslate2 "
+        "compute type is timed at 1 intra-op thread and at 2, each of these alone in a fresh "
+        "process without PyTorch, as a server process runs it (optimize keeps the faster "
+        "setting and writes it into model.yaml); PyTorch on 2 threads.", "",
+        "| engine | exact match with `generate` | intra-op threads | batch 1 (ms/query) | "
+        "batch 32 (queries/s) |",
+        "|---|---|---:|---:|---:|",
+        f"| Hugging Face `generate`, PyTorch fp32 (before) | reference | {timing['torch_threads']}"
+        f" | {before['batch_1_ms']:.2f} | {before['batch_32_per_s']:.0f} |",
     ]
     for variant in report["variants"]:
-        parity, speed = variant["parity"], variant["queries_per_second"]
+        parity = variant["parity"]
         if parity is None:
-            lines.append(f"| CTranslate2 {variant['name']} | not built: {variant['error']} | | |")
+            lines.append(f"| CTranslate2 {variant['name']} | not built: {variant['error']} | "
+                         "| | |")
             continue
-        name = variant["name"] + (" **(chosen)**" if variant["name"] == report["chosen"] else "")
-        batch_1 = f"{1000 / speed['batch_1']:.2f}" if speed.get("batch_1") else "-"
-        batch_32 = f"{speed['batch_32']:.0f}" if speed.get("batch_32") else "-"
-        lines.append(f"| CTranslate2 {name} | {parity['mean']:.2%} | {batch_1} | {batch_32} |")
+        for threads, speed in timing["by_intra_threads"][variant["name"]].items():
+            chosen = (variant["name"] == report["chosen"]
+                      and int(threads) == timing["chosen_intra_threads"])
+            name = variant["name"] + (" **(chosen)**" if chosen else "")
+            lines.append(f"| CTranslate2 {name} | {parity['mean']:.2%} | {threads} | "
+                         f"{1000 / speed['batch_1']:.2f} | {speed['batch_32']:.0f} |")
     lines += ["", f"Chosen: {report['reason']}.", "",
               f"Before/after: {before['size_mb']:.1f} MB -> {after['size_mb']:.1f} MB; load "
               f"{before['load_s']:.2f} -> {after['load_s']:.2f} s; batch 1 "

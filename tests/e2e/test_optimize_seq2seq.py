@@ -132,6 +132,9 @@ def test_t5_fp32_is_served_with_generates_outputs(tmp_path: Path, t5_dir: Path,
     assert report["chosen"] == "float32" and not report["forced"]
     assert report["variants"][0]["parity"]["mean"] == 1.0
     assert report["before"]["batch_1_ms"] > 0 and report["after"]["batch_32_per_s"] > 0
+    threads = report["timing"]["chosen_intra_threads"]  # timed at 1 thread and at all cores
+    assert "1" in report["timing"]["by_intra_threads"]["float32"]
+    assert f"intra_threads: {threads}" in (out / "model.yaml").read_text()
     assert (out / "ctranslate2" / "model.bin").is_file() and (out / "tokenizer.json").is_file()
     assert "CTranslate2 float32 (written)" in result.stdout
 

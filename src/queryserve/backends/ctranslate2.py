@@ -40,8 +40,9 @@ class CTranslate2Backend:
                               "folder (no model.bin); make one with `queryserve optimize "
                               "--task seq2seq`")
         device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-        # On small models a second intra-op thread costs more than it gives (measured in
-        # BENCHMARKS.md): `intra_threads` caps the threads this instance takes.
+        # More intra-op threads are not always faster (on a 2-core VM a second thread made a
+        # small int8 model ~9x slower): `intra_threads`, which `queryserve optimize` sets from
+        # its timing, caps the threads this instance takes.
         intra = min(threads, config.parameter("intra_threads", threads))
         self.translator = ctranslate2.Translator(
             str(path), device=device, compute_type=config.parameter("compute_type", "default"),

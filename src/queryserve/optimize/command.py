@@ -208,8 +208,8 @@ def default_items(task: Task, what: str, limit: int) -> list[Item]:
 
 
 def seq2seq_model_yaml(source: Source, name: str, decoding: Decoding) -> str:
-    """The model.yaml of a CTranslate2 folder: the text2text pipeline, one translator thread per
-    instance (backends/ctranslate2.py says why), decoding as gated."""
+    """The model.yaml of a CTranslate2 folder: the text2text pipeline and decoding as gated;
+    `optimize_seq2seq` sets the threads per instance (and so the instances) it timed fastest."""
     import yaml
 
     config: dict[str, object] = {

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -62,6 +60,8 @@ from queryserve.optimize.plan import (
     Steps,
     VariantReport,
     choose_fastest,
+    install,
+    no_candidate,
     progress_display,
 )
 from queryserve.optimize.recipes import (
@@ -366,7 +366,7 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
         forced = False
         if not passed:
             if not plan.force or not candidates:
-                raise ExportError(_no_candidate(plan, results, errors))
+                raise ExportError(no_candidate(plan, results, errors))
             passed = [max(candidates, key=lambda n: (results[n].mean, results[n].min))]
             forced = True
         kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
@@ -385,7 +385,8 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                                   plan.timing_rounds)
         after = _onnx_speed(paths[chosen], speeds[chosen])
         steps.next("writing the model folder")
-        files = _install(work, model_dir, paths, kept, chosen, tokenizer_src, plan.model_config)
+        files = install(work, model_dir, paths, kept, chosen, tokenizer_src, plan.model_config,
+                        served="model.onnx", suffix=".onnx")
         variants = _reports(results, speeds, files, errors, recipes)
         elapsed = time.perf_counter() - started
         report = PrepareReport(chosen, reason, variants, model_dir / "model.onnx",
@@ -411,41 +412,6 @@ def original_outputs(source: Source, tokenizer: Tokenizer, items: Sequence[Item]
 
     wrapper = wrap(source, load_torch_model(source))
     return run_torch(wrapper, batches(tokenizer, items, 32, wrapper.signature.inputs))
-
-
-def _no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str, str]) -> str:
-    lines = [f"no {'/'.join(plan.precisions)} variant of {plan.source.name} passes its "
-             "accuracy gate, so nothing was written (--force writes the closest anyway):"]
-    for name, result in results.items():
-        if result.precision in plan.precisions:
-            lines.append(f"  {name}: misses by {result.shortfall()}")
-    for name, error in errors.items():
-        lines.append(f"  {name}: not built: {error}")
-    if len(lines) == 1:
-        lines.append("  no variant of that precision could be built")
-    return "\n".join(lines)
-
-
-def _install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],
-             chosen: str, tokenizer_src: Path, model_config: str | None) -> dict[str, str]:
-    """Move the kept models into place; returns variant -> file relative to model_dir.
-
-    The folder's other files (its model.yaml, when not replaced) stay; stale variants go."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    variants_dir = model_dir / "variants"
-    shutil.rmtree(variants_dir, ignore_errors=True)
-    variants_dir.mkdir()
-    files: dict[str, str] = {}
-    for name in kept:
-        relative = "model.onnx" if name == chosen else f"variants/{name}.onnx"
-        os.replace(paths[name], model_dir / relative)
-        files[name] = relative
-    shutil.copyfile(tokenizer_src, model_dir / "tokenizer.json")
-    if model_config is not None:
-        staged = work / "model.yaml"
-        staged.write_text(model_config, encoding="utf-8")
-        os.replace(staged, model_dir / "model.yaml")
-    return files
 
 
 def _reports(results: Mapping[str, Parity], speeds: Mapping[str, Mapping[int, float]],

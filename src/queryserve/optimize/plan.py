@@ -4,6 +4,8 @@ flow (ONNX Runtime) and the seq2seq flow (CTranslate2)."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -102,6 +104,45 @@ def choose_fastest(speeds: Mapping[str, Mapping[int, float]],
               f"({results[chosen].describe()}) and is the fastest that passes: geometric mean of "
               f"batch {'/'.join(map(str, TIMING_BATCH_SIZES))} queries/s: {figures}")
     return chosen, reason
+
+
+def no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str, str]) -> str:
+    """The one-line-per-variant error when no variant of the planned precisions passes."""
+    lines = [f"no {'/'.join(plan.precisions)} variant of {plan.source.name} passes its "
+             "accuracy gate, so nothing was written (--force writes the closest anyway):"]
+    for name, result in results.items():
+        if result.precision in plan.precisions:
+            lines.append(f"  {name}: misses by {result.shortfall()}")
+    for name, error in errors.items():
+        lines.append(f"  {name}: not built: {error}")
+    if len(lines) == 1:
+        lines.append("  no variant of that precision could be built")
+    return "\n".join(lines)
+
+
+def install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],
+            chosen: str, tokenizer_src: Path, model_config: str | None, *,
+            served: str, suffix: str) -> dict[str, str]:
+    """Move the kept models into place: the chosen one as `served` (model.onnx, or the
+    ctranslate2 folder), the others as `variants/NAME{suffix}`; returns variant -> path
+    relative to model_dir. The folder's other files (its model.yaml, when not replaced) stay;
+    stale variants go."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (model_dir / "variants", model_dir / served):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+    (model_dir / "variants").mkdir()
+    files: dict[str, str] = {}
+    for name in kept:
+        relative = served if name == chosen else f"variants/{name}{suffix}"
+        os.replace(paths[name], model_dir / relative)
+        files[name] = relative
+    shutil.copyfile(tokenizer_src, model_dir / "tokenizer.json")
+    if model_config is not None:
+        staged = work / "model.yaml"
+        staged.write_text(model_config, encoding="utf-8")
+        os.replace(staged, model_dir / "model.yaml")
+    return files
 
 
 # -- progress --------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ The gate is exact match of the generated text: the original runs `generate` in P
 same decoding (greedy or beam, same maximum length) and the optimized model runs exactly as the
 server runs it (`tokenizers` encoding, `backends.ctranslate2.generate`, the pipeline's
 decoding), at batch 1 and 32. fp32 is always converted and checked first: a converter problem
-shows there, before any precision is blamed.
+shows there, before any precision is blamed. Timing runs each variant at one intra-op thread
+and at all cores, each alone in a fresh process without PyTorch (`time_in_fresh_process` says
+why); the faster setting goes into the written model.yaml.
 
 Precisions map to CTranslate2 compute types: fp32 -> float32, int8 -> int8 (int8 weights and
 matrix products, the rest in float32), bf16 -> int8_bfloat16 and bfloat16, fp16 -> int8_float16
@@ -17,8 +19,8 @@ in the runtime's own words.
 from __future__ import annotations
 
 import json
+import math
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -42,6 +44,8 @@ from queryserve.optimize.plan import (
     Steps,
     VariantReport,
     choose_fastest,
+    install,
+    no_candidate,
     progress_display,
 )
 from queryserve.optimize.recipes import Precision
@@ -57,9 +61,8 @@ COMPUTE_TYPES: Mapping[Precision, tuple[str, ...]] = {
 }
 PARITY_BATCH_SIZES = (1, 32)
 TIMING_ITEMS = 64  # the first parity inputs; batch 1 in PyTorch takes ~0.1 s per query
-# One intra-op thread per translator: on a small model a second thread cost ~10x at batch 1
-# on this 2-core VM (../shared/reference/measurements.md); the server scales by instances.
-CT2_THREADS = 1
+# Intra-op threads are timed, not assumed: on this 2-core VM a second thread made int8 about
+# 9x slower at batch 1 and float32 about 1.8x faster (BENCHMARKS.md section 7).
 TORCH_THREADS = 2  # PyTorch's own best here: all the cores
 MAX_DIFFERENCES = 5  # examples of differing outputs kept in the report
 
@@ -175,7 +178,12 @@ def _convertible(source: Source) -> Iterator[Path]:
         yield folder
 
 
-def translator(path: Path, compute_type: str = "default", threads: int = CT2_THREADS) -> Any:
+def thread_choices() -> tuple[int, ...]:
+    """One intra-op thread, and every core this process may use."""
+    return tuple(sorted({1, len(os.sched_getaffinity(0))}))
+
+
+def translator(path: Path, compute_type: str = "default", threads: int = 1) -> Any:
     import ctranslate2
 
     return ctranslate2.Translator(str(path), device=device(), compute_type=compute_type,
@@ -247,6 +255,45 @@ def time_runners(runners: Mapping[str, Any], texts: Sequence[str], seconds: floa
                 samples[name][batch_size].append(_rate(run, texts, batch_size, seconds))
     return {n: {b: statistics.median(s) for b, s in by_batch.items()}
             for n, by_batch in samples.items()}
+
+
+def time_in_fresh_process(layouts: Mapping[str, tuple[Path, int]], tokenizer_path: Path,
+                          max_length: int, texts: Sequence[str], decoding: Decoding,
+                          seconds: float, rounds: int,
+                          ) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
+    """Each (model folder, intra-op threads) layout timed alone in a spawned process that
+    never imports PyTorch, as a server process runs one variant. Sharing a process skews the
+    figures: after PyTorch had run, a 2-thread float32 translator took 36 ms per query at
+    batch 1 instead of 11, and beside int8 translators 37 ms instead of 10 (this 2-core VM,
+    the section 7 model)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    rates: dict[str, dict[int, float]] = {}
+    load_s: dict[str, float] = {}
+    spawn = multiprocessing.get_context("spawn")
+    for name, layout in layouts.items():
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            one_rates, one_load = pool.submit(_time_layouts, {name: layout}, tokenizer_path,
+                                              max_length, list(texts), decoding, seconds,
+                                              rounds).result()
+        rates.update(one_rates)
+        load_s.update(one_load)
+    return rates, load_s
+
+
+def _time_layouts(layouts: dict[str, tuple[Path, int]], tokenizer_path: Path, max_length: int,
+                  texts: list[str], decoding: Decoding, seconds: float, rounds: int,
+                  ) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
+    """Queries/s of each (model folder, intra-op threads) layout, and its load time."""
+    tokenizer = open_tokenizer(tokenizer_path, max_length)
+    runners, load_s = {}, {}
+    for name, (path, threads) in layouts.items():
+        started = time.perf_counter()
+        model = translator(path, threads=threads)
+        load_s[name] = time.perf_counter() - started
+        runners[name] = _runner(model, tokenizer, decoding, max_length)
+    return time_runners(runners, texts, seconds, rounds), load_s
 
 
 def _runner(model: Any, tokenizer: Tokenizer, decoding: Decoding, max_input_length: int) -> Any:
@@ -327,7 +374,7 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
         forced = False
         if not passed:
             if not plan.force or not candidates:
-                raise ExportError(_no_candidate(plan, results, errors))
+                raise ExportError(no_candidate(plan, results, errors))
             passed = [max(candidates, key=lambda n: results[n].mean)]
             forced = True
         kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
@@ -336,17 +383,18 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
                  "mean_output_tokens": _mean_tokens(tokenizer, reference[:TIMING_ITEMS])}
         # Every built candidate is timed, the ones that miss too: the report then shows what
         # the gate cost (a few variants at most, so this is cheap next to the parity runs).
-        steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(candidates)
-                   + (1 if plan.measure_original else 0))
-        load_s = {}
-        runners = {}
-        for name in candidates:
-            t0 = time.perf_counter()
-            model = translator(paths[name])
-            load_s[name] = time.perf_counter() - t0
-            runners[name] = _runner(model, tokenizer, decoding, source.max_length)
-        speeds = time_runners(runners, timed, plan.timing_seconds, plan.timing_rounds, steps)
+        # Each at one thread and at all cores; a variant's figures are its better setting's.
+        layouts = [(name, threads) for name in candidates for threads in thread_choices()]
+        steps.grow(1 + (1 if plan.measure_original else 0))
+        steps.next("timing the CTranslate2 variants (each in a fresh process, as served)")
+        by_layout, load_s = time_in_fresh_process(
+            {_timed_name(n, t): (paths[n], t) for n, t in layouts}, tokenizer_src,
+            source.max_length, timed, decoding, plan.timing_seconds, plan.timing_rounds)
+        load_s = {n: load_s[_timed_name(n, 1)] for n in candidates}
+        best_threads = {name: _faster_threads(by_layout, name) for name in candidates}
+        speeds = {n: by_layout[_timed_name(n, t)] for n, t in best_threads.items()}
         chosen, reason = choose_fastest({n: speeds[n] for n in passed}, results)
+        reason += f"; timed at {best_threads[chosen]} intra-op thread(s), its faster setting"
         if forced:
             reason = (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
                       f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
@@ -359,7 +407,10 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
         after = Speed(_folder_mb(paths[chosen]), load_s[chosen], 1000 / speeds[chosen][1],
                       speeds[chosen][32])
         steps.next("writing the model folder")
-        files = _install(work, model_dir, paths, kept, chosen, tokenizer_src, plan.model_config)
+        config = (None if plan.model_config is None else
+                  with_threads(plan.model_config, best_threads[chosen]))
+        files = install(work, model_dir, paths, kept, chosen, tokenizer_src, config,
+                        served="ctranslate2", suffix="")
         variants = tuple(
             VariantReport(name, result.precision, f"CTranslate2 {ctranslate2.__version__}, "
                           f"compute type {name}", result.passed, result, speeds.get(name, {}),
@@ -371,43 +422,44 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
         report = PrepareReport(chosen, reason, variants, model_dir / "ctranslate2",
                                model_dir / report_name, time.perf_counter() - started, forced,
                                before, after, engine="CTranslate2")
-        _write_report(report, plan, decoding, shape)
+        thread_timing = {name: {threads: {f"batch_{b}": round(q, 1) for b, q in
+                                          by_layout[_timed_name(name, threads)].items()}
+                                for threads in thread_choices()} for name in candidates}
+        _write_report(report, plan, decoding, {**shape, "by_intra_threads": thread_timing,
+                                               "chosen_intra_threads": best_threads[chosen]})
         steps.finish()
     return report
+
+
+def _timed_name(name: str, threads: int) -> str:
+    return f"{name} ({threads} thread{'s' if threads > 1 else ''})"
+
+
+def _faster_threads(by_layout: Mapping[str, Mapping[int, float]], name: str) -> int:
+    """The thread count with the better geometric mean over the timed batch sizes."""
+    def score(threads: int) -> float:
+        rates = by_layout[_timed_name(name, threads)].values()
+        return math.exp(statistics.fmean(math.log(q) for q in rates))
+
+    return max(thread_choices(), key=score)
+
+
+def with_threads(model_config: str, threads: int) -> str:
+    """The model.yaml with the timed thread count per instance, and as many instances as the
+    cores hold (comment lines at the top are kept)."""
+    import yaml
+
+    header = "".join(line for line in model_config.splitlines(keepends=True)
+                     if line.startswith("#"))
+    config = yaml.safe_load(model_config)
+    config.setdefault("parameters", {})["intra_threads"] = threads
+    config["instance_group"] = {"count": max(1, len(os.sched_getaffinity(0)) // threads)}
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
 
 
 def convert_variant(source: Source, out: Path, compute_type: str) -> None:
     """A variant's conversion (the seam the tests use to feed a damaged model to the gate)."""
     convert(source, out, compute_type)
-
-
-def _no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str, str]) -> str:
-    lines = [f"no {'/'.join(plan.precisions)} variant of {plan.source.name} passes its "
-             "accuracy gate, so nothing was written (--force writes the closest anyway):"]
-    lines += [f"  {name}: misses by {result.shortfall()}" for name, result in results.items()
-              if result.precision in plan.precisions]
-    lines += [f"  {name}: not built: {error}" for name, error in errors.items()]
-    return "\n".join(lines)
-
-
-def _install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],
-             chosen: str, tokenizer_src: Path, model_config: str | None) -> dict[str, str]:
-    """Move the kept models into place; returns variant -> folder relative to model_dir."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("ctranslate2", "variants"):
-        shutil.rmtree(model_dir / stale, ignore_errors=True)
-    (model_dir / "variants").mkdir()
-    files: dict[str, str] = {}
-    for name in kept:
-        relative = "ctranslate2" if name == chosen else f"variants/{name}"
-        os.replace(paths[name], model_dir / relative)
-        files[name] = relative
-    shutil.copyfile(tokenizer_src, model_dir / "tokenizer.json")
-    if model_config is not None:
-        staged = work / "model.yaml"
-        staged.write_text(model_config, encoding="utf-8")
-        os.replace(staged, model_dir / "model.yaml")
-    return files
 
 
 def _mean_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> float:
@@ -417,7 +469,7 @@ def _mean_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> float:
 
 
 def _write_report(report: PrepareReport, plan: Plan, decoding: Decoding,
-                  shape: Mapping[str, float]) -> None:
+                  shape: Mapping[str, object]) -> None:
     import ctranslate2
 
     document: dict[str, Any] = {
@@ -433,7 +485,7 @@ def _write_report(report: PrepareReport, plan: Plan, decoding: Decoding,
         "timing": {"batch_sizes": list(TIMING_BATCH_SIZES), "queries": TIMING_ITEMS, **shape,
                    "seconds_per_round": plan.timing_seconds, "rounds": plan.timing_rounds,
                    "statistic": "median", "tokenization_included": True,
-                   "ctranslate2_intra_threads": CT2_THREADS, "torch_threads": TORCH_THREADS},
+                   "torch_threads": TORCH_THREADS},
         "before": asdict(report.before) if report.before else None,
         "after": asdict(report.after) if report.after else None,
         "ctranslate2": ctranslate2.__version__,
