@@ -563,6 +563,19 @@ def render_seq2seq(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def provenance(only: set[str] | None, sections: list[str], measured_at: dict[str, str]) -> str:
+    """What a partial run re-measured, and when each section was measured."""
+    if not only:
+        return ""
+    again = sorted(only & set(sections))
+    head = (f" Sections re-measured with `--only {','.join(again)}`; the others come from "
+            "earlier runs." if again else
+            " Nothing was re-measured; every section comes from an earlier run.")
+    return head + (" Each section was measured at (UTC, that day): "
+                   + ", ".join(f"{n} {measured_at.get(n, 'an earlier run')}" for n in sections)
+                   + ".")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per engine round")
@@ -594,10 +607,12 @@ def main() -> int:
     # --only re-measures some sections and keeps the others from the last run's bench.json.
     figures: dict[str, Any] = (json.loads((OUT / "bench.json").read_text()) if args.only
                                else {})
+    measured_at: dict[str, str] = figures.setdefault("measured_at", {})
     for name, (title, measure) in steps.items():
         if not args.only or name in args.only or name not in figures:
             log(title)
             figures[name] = measure()
+            measured_at[name] = datetime.datetime.now(datetime.UTC).strftime("%H:%M")
     engines, server, ceiling, peer_report = (figures["engines"], figures["server"],
                                              figures["ceiling"], figures["peers"])
     rec, rec_command = figures["recommend"]
@@ -606,8 +621,7 @@ def main() -> int:
         "# Benchmarks", "",
         f"Written by `make bench` (`python benchmarks/run.py`) on {now}, in "
         f"{(time.monotonic() - started) / 60:.0f} minutes."
-        + (f" Sections re-measured with `--only {','.join(sorted(args.only))}`; the others "
-           "come from the previous full run." if args.only else ""),
+        + provenance(args.only, list(steps), measured_at),
         f"Machine: {machine_line()}.",
         ("Every figure below comes from that one run" if not args.only else
          "Within each section every figure comes from one run") +
