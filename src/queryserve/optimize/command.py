@@ -220,10 +220,9 @@ def seq2seq_model_yaml(source: Source, name: str, decoding: Decoding) -> str:
         "output": [{"name": "generated_text", "datatype": "BYTES", "dims": [1]}],
         "dynamic_batching": {"max_queue_delay_microseconds": 0, "max_queue_size": 256,
                              "max_batch_tokens": 2048},
-        "instance_group": {"count": 2},
         "model_warmup": [{"name": "one text", "batch_size": 1, "text": "warm up"}],
         "parameters": {"model_dir": "ctranslate2", "tokenizer_file": "tokenizer.json",
-                       "max_sequence_length": source.max_length, "intra_threads": 1,
+                       "max_sequence_length": source.max_length,
                        "beam_size": decoding.beam_size,
                        "max_output_length": decoding.max_output_length},
     }

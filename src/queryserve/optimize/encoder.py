@@ -19,15 +19,12 @@ all-MiniLM-L6-v2 with fp32 and int8 candidates, into the default repository's `e
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -53,9 +50,11 @@ from queryserve.optimize.plan import (
     TIMING_BATCH_SIZES,
     TIMING_ROUNDS,
     TIMING_SECONDS,
+    WARMUP_RUNS,
     Item,
     Plan,
     PrepareReport,
+    Runner,
     Speed,
     Steps,
     VariantReport,
@@ -63,6 +62,9 @@ from queryserve.optimize.plan import (
     install,
     no_candidate,
     progress_display,
+    rate_of,
+    time_runners,
+    write_report,
 )
 from queryserve.optimize.recipes import (
     RECIPES,
@@ -226,49 +228,34 @@ def throughput(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], ba
                              for _ in range(repeats))
 
 
-def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[Item],
-             batch_size: int, seconds: float) -> float:
-    """Whole passes over `queries` until `seconds` have gone by: every measurement runs the same
-    mix of input lengths, so variants and rounds compare like for like."""
+def _runner(session: ort.InferenceSession, tokenizer: Tokenizer) -> Runner:
+    """One batch through the session as the server runs it: encode, pad, run."""
     names = _input_names(session)
     output = [session.get_outputs()[0].name]
-    groups = [queries[i:i + batch_size] for i in range(0, len(queries), batch_size)]
-    done = 0
-    start = time.perf_counter()
-    while True:
-        for group in groups:
-            session.run(output, feeds(encode(tokenizer, group), names))
-        done += len(queries)
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done / elapsed
+
+    def run(group: Sequence[Item]) -> object:
+        return session.run(output, feeds(encode(tokenizer, group), names))
+
+    return run
+
+
+def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[Item],
+             batch_size: int, seconds: float) -> float:
+    return rate_of(_runner(session, tokenizer), queries, batch_size, seconds)
 
 
 def _warm_up(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[Item],
              batch_size: int) -> None:
-    names = _input_names(session)
-    for _ in range(3):
-        session.run(None, feeds(encode(tokenizer, queries[:batch_size]), names))
+    run = _runner(session, tokenizer)
+    for _ in range(WARMUP_RUNS):
+        run(queries[:batch_size])
 
 
 def _time_variants(paths: Mapping[str, Path], tokenizer: Tokenizer, items: Sequence[Item],
                    seconds: float, rounds: int, steps: Steps) -> dict[str, dict[int, float]]:
-    """Median q/s per variant and batch size. Rounds interleave the variants, so a slow spell
-    on a shared machine hits all of them alike instead of one variant's whole measurement."""
-    sessions = {name: _session(path) for name, path in paths.items()}
-    samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in TIMING_BATCH_SIZES}
-                                                  for n in sessions}
-    for session in sessions.values():
-        for batch_size in TIMING_BATCH_SIZES:
-            _warm_up(session, tokenizer, items, batch_size)
-    for round_ in range(rounds):
-        for batch_size in TIMING_BATCH_SIZES:
-            for name, session in sessions.items():
-                steps.next(f"timing {name}, batch {batch_size} (round {round_ + 1}/{rounds})")
-                samples[name][batch_size].append(
-                    _measure(session, tokenizer, items, batch_size, seconds))
-    return {n: {b: statistics.median(s) for b, s in by_batch.items()}
-            for n, by_batch in samples.items()}
+    """Median q/s per variant and batch size, rounds interleaving the variants."""
+    runners = {name: _runner(_session(path), tokenizer) for name, path in paths.items()}
+    return time_runners(runners, items, seconds, rounds, steps)
 
 
 def _onnx_speed(path: Path, speeds: Mapping[int, float]) -> Speed:
@@ -430,14 +417,7 @@ def _reports(results: Mapping[str, Parity], speeds: Mapping[str, Mapping[int, fl
 
 
 def _write_report(report: PrepareReport, plan: Plan) -> None:
-    source = plan.source
-    document: dict[str, Any] = {
-        "model": str(plan.extra.get("model", source.path)),
-        "task": source.task,
-        "precisions": list(plan.precisions),
-        "chosen": report.chosen,
-        "forced": report.forced,
-        "reason": report.reason,
+    write_report(report, plan, {
         "gate": {"fp32": {"mean_min": FP32_MIN_MEAN, "top1_agreement_min": FP32_MIN_AGREEMENT,
                           "max_probability_error": FP32_MAX_PROBABILITY_ERROR},
                  "reduced": {"mean_min": REDUCED_MIN_MEAN, "min_min": REDUCED_MIN_MIN,
@@ -450,23 +430,8 @@ def _write_report(report: PrepareReport, plan: Plan) -> None:
                    "statistic": "median", "tokenization_included": True,
                    "intra_op_num_threads": THREADS, "inter_op_num_threads": 1,
                    "execution_mode": "sequential", "allow_spinning": False},
-        "before": asdict(report.before) if report.before else None,
-        "after": asdict(report.after) if report.after else None,
         "onnxruntime": ort.__version__,
-        "elapsed_s": round(report.elapsed_s, 1),
-        "variants": [_variant_json(v) for v in report.variants],
-        **{k: v for k, v in plan.extra.items() if k != "model"},
-    }
-    report.report_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-
-
-def _variant_json(variant: VariantReport) -> dict[str, Any]:
-    entry = asdict(variant)
-    entry["queries_per_second"] = {f"batch_{b}": round(q, 1)
-                                   for b, q in variant.queries_per_second.items()}
-    if variant.parity is not None:
-        entry["parity"]["max_norm_error"] = entry["parity"]["max_error"]
-    return entry
+    })
 
 
 # -- the default model's first run -----------------------------------------------------------

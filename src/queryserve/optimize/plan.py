@@ -3,14 +3,17 @@ flow (ONNX Runtime) and the seq2seq flow (CTranslate2)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.progress import (
     BarColumn,
@@ -33,6 +36,7 @@ PARITY_BATCH_SIZES = (1, 32, 64)
 TIMING_BATCH_SIZES = (1, 32)
 TIMING_SECONDS = 2.0
 TIMING_ROUNDS = 3
+WARMUP_RUNS = 3  # per runner and batch size, before any round
 
 
 @dataclass(frozen=True)
@@ -89,13 +93,18 @@ class Plan:
     extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
 
 
+def geometric_mean(rates: Mapping[int, float]) -> float:
+    """One score over the timed batch sizes: a lone query and a full batch both matter, and
+    neither should dominate by its scale."""
+    return math.exp(statistics.fmean(math.log(q) for q in rates.values()))
+
+
 def choose_fastest(speeds: Mapping[str, Mapping[int, float]],
-            results: Mapping[str, Parity]) -> tuple[str, str]:
-    """The passing variant with the best geometric mean of its timed batch sizes: a lone query
-    and a full batch both matter, and neither should dominate by its scale."""
+                   results: Mapping[str, Parity]) -> tuple[str, str]:
+    """The passing variant with the best geometric mean of its timed batch sizes."""
 
     def score(name: str) -> float:
-        return math.exp(statistics.fmean(math.log(q) for q in speeds[name].values()))
+        return geometric_mean(speeds[name])
 
     ranked = sorted(speeds, key=score, reverse=True)
     chosen = ranked[0]
@@ -143,6 +152,76 @@ def install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequen
         staged.write_text(model_config, encoding="utf-8")
         os.replace(staged, model_dir / "model.yaml")
     return files
+
+
+def write_report(report: PrepareReport, plan: Plan, flow: Mapping[str, Any]) -> None:
+    """`prepare.json`: what every run reports, with the flow's own fields (gate, timing,
+    runtime) after the reason."""
+    head = {"model": str(plan.extra.get("model", plan.source.path)),
+            "task": plan.source.task, "precisions": list(plan.precisions),
+            "chosen": report.chosen, "forced": report.forced, "reason": report.reason}
+    document = {
+        **head, **flow,
+        "before": asdict(report.before) if report.before else None,
+        "after": asdict(report.after) if report.after else None,
+        "elapsed_s": round(report.elapsed_s, 1),
+        "variants": [variant_json(v) for v in report.variants],
+        **{k: v for k, v in plan.extra.items() if k != "model"},
+    }
+    report.report_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def variant_json(variant: VariantReport) -> dict[str, Any]:
+    entry = asdict(variant)
+    entry["queries_per_second"] = {f"batch_{b}": round(q, 1)
+                                   for b, q in variant.queries_per_second.items()}
+    entry["differences"] = [{"input": a, "original": b, "optimized": c}
+                            for a, b, c in variant.differences]
+    if variant.parity is not None and variant.parity.metric != "exact":  # encoders
+        entry["parity"]["max_norm_error"] = entry["parity"]["max_error"]
+    return entry
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+Runner = Callable[[Sequence[Any]], object]
+"""Runs one batch of items end to end (tokenization included)."""
+
+
+def rate_of(run: Runner, items: Sequence[Any], batch_size: int, seconds: float) -> float:
+    """Queries/s over whole passes of `items` until `seconds` have gone by: every measurement
+    runs the same mix of input lengths, so variants and rounds compare like for like."""
+    groups = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
+    done = 0
+    start = time.perf_counter()
+    while True:
+        for group in groups:
+            run(group)
+        done += len(items)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return done / elapsed
+
+
+def time_runners(runners: Mapping[str, Runner], items: Sequence[Any], seconds: float,
+                 rounds: int, steps: Steps | None = None) -> dict[str, dict[int, float]]:
+    """Median queries/s per runner and batch size. Rounds interleave the runners, so a slow
+    spell on a shared machine hits all of them alike instead of one runner's whole
+    measurement."""
+    samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in TIMING_BATCH_SIZES}
+                                                  for n in runners}
+    for run in runners.values():
+        for batch_size in TIMING_BATCH_SIZES:
+            for _ in range(WARMUP_RUNS):
+                run(items[:batch_size])
+    for round_ in range(rounds):
+        for batch_size in TIMING_BATCH_SIZES:
+            for name, run in runners.items():
+                if steps is not None:
+                    steps.next(f"timing {name}, batch {batch_size} (round {round_ + 1}/{rounds})")
+                samples[name][batch_size].append(rate_of(run, items, batch_size, seconds))
+    return {n: {b: statistics.median(s) for b, s in by_batch.items()}
+            for n, by_batch in samples.items()}
 
 
 # -- progress --------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ in the runtime's own words.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import tempfile
@@ -40,18 +39,23 @@ from queryserve.optimize.plan import (
     TIMING_BATCH_SIZES,
     Plan,
     PrepareReport,
+    Runner,
     Speed,
     Steps,
     VariantReport,
     choose_fastest,
+    geometric_mean,
     install,
     no_candidate,
     progress_display,
+    time_runners,
+    write_report,
 )
 from queryserve.optimize.recipes import Precision
 from queryserve.optimize.source import Source, tokenizer_file
 from queryserve.pipelines.base import open_tokenizer
 from queryserve.pipelines.text2text import decode_tokens, source_tokens
+from queryserve.pipelines.text_embedding import pad_token_ids
 
 COMPUTE_TYPES: Mapping[Precision, tuple[str, ...]] = {
     "fp32": ("float32",),
@@ -109,19 +113,13 @@ class Original:
         self.load_s = time.perf_counter() - started
         self.tokenizer = tokenizer
         self.decoding = decoding
-        config = self.model.config
-        self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
 
     def generate(self, texts: Sequence[str]) -> list[str]:
         import torch
 
-        rows = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
-        longest = max(len(r) for r in rows)
-        ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), longest), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
+        # The server's padding; padded positions are masked, so their id does not matter.
+        padded = pad_token_ids([e.ids for e in self.tokenizer.encode_batch(list(texts))])
+        ids, mask = (torch.from_numpy(padded[k]) for k in ("input_ids", "attention_mask"))
         beams = self.decoding.beam_size
         # CTranslate2 ends a beam search once `beam_size` hypotheses are finished, as
         # early_stopping=True does; a folder's own generation settings are overridden by what
@@ -224,39 +222,6 @@ def parity(model: Any, tokenizer: Tokenizer, texts: Sequence[str], reference: Se
 # -- timing ----------------------------------------------------------------------------------
 
 
-def _rate(run: Any, texts: Sequence[str], batch_size: int, seconds: float) -> float:
-    """Queries/s over whole passes of `texts` until `seconds` have gone by."""
-    groups = [texts[i:i + batch_size] for i in range(0, len(texts), batch_size)]
-    done = 0
-    start = time.perf_counter()
-    while True:
-        for group in groups:
-            run(group)
-        done += len(texts)
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done / elapsed
-
-
-def time_runners(runners: Mapping[str, Any], texts: Sequence[str], seconds: float, rounds: int,
-                 steps: Steps | None = None) -> dict[str, dict[int, float]]:
-    """Median queries/s per runner and batch size, rounds interleaving the runners so a slow
-    spell on a shared machine hits all of them alike."""
-    samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in TIMING_BATCH_SIZES}
-                                                  for n in runners}
-    for run in runners.values():  # warm-up
-        for batch_size in TIMING_BATCH_SIZES:
-            run(texts[:batch_size])
-    for round_ in range(rounds):
-        for batch_size in TIMING_BATCH_SIZES:
-            for name, run in runners.items():
-                if steps is not None:
-                    steps.next(f"timing {name}, batch {batch_size} (round {round_ + 1}/{rounds})")
-                samples[name][batch_size].append(_rate(run, texts, batch_size, seconds))
-    return {n: {b: statistics.median(s) for b, s in by_batch.items()}
-            for n, by_batch in samples.items()}
-
-
 def time_in_fresh_process(layouts: Mapping[str, tuple[Path, int]], tokenizer_path: Path,
                           max_length: int, texts: Sequence[str], decoding: Decoding,
                           seconds: float, rounds: int,
@@ -296,7 +261,8 @@ def _time_layouts(layouts: dict[str, tuple[Path, int]], tokenizer_path: Path, ma
     return time_runners(runners, texts, seconds, rounds), load_s
 
 
-def _runner(model: Any, tokenizer: Tokenizer, decoding: Decoding, max_input_length: int) -> Any:
+def _runner(model: Any, tokenizer: Tokenizer, decoding: Decoding,
+            max_input_length: int) -> Runner:
     def run(texts: Sequence[str]) -> list[str]:
         return generations(model, tokenizer, texts, len(texts), decoding, max_input_length)
 
@@ -364,7 +330,7 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
                 steps.next(f"parity of {compute_type}")
                 continue
             paths[compute_type] = work / compute_type
-            convert_variant(source, paths[compute_type], compute_type)
+            convert(source, paths[compute_type], compute_type)
             steps.next(f"parity of {compute_type}")
             results[compute_type], differences[compute_type] = parity(
                 translator(paths[compute_type]), tokenizer, texts, reference,
@@ -437,11 +403,8 @@ def _timed_name(name: str, threads: int) -> str:
 
 def _faster_threads(by_layout: Mapping[str, Mapping[int, float]], name: str) -> int:
     """The thread count with the better geometric mean over the timed batch sizes."""
-    def score(threads: int) -> float:
-        rates = by_layout[_timed_name(name, threads)].values()
-        return math.exp(statistics.fmean(math.log(q) for q in rates))
-
-    return max(thread_choices(), key=score)
+    return max(thread_choices(),
+               key=lambda threads: geometric_mean(by_layout[_timed_name(name, threads)]))
 
 
 def with_threads(model_config: str, threads: int) -> str:
@@ -457,11 +420,6 @@ def with_threads(model_config: str, threads: int) -> str:
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
 
 
-def convert_variant(source: Source, out: Path, compute_type: str) -> None:
-    """A variant's conversion (the seam the tests use to feed a damaged model to the gate)."""
-    convert(source, out, compute_type)
-
-
 def _mean_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> float:
     """Mean tokens per text, end token included (what the encoder reads, or the decoder
     steps a generation takes)."""
@@ -472,13 +430,7 @@ def _write_report(report: PrepareReport, plan: Plan, decoding: Decoding,
                   shape: Mapping[str, object]) -> None:
     import ctranslate2
 
-    document: dict[str, Any] = {
-        "model": str(plan.extra.get("model", plan.source.path)),
-        "task": "seq2seq",
-        "precisions": list(plan.precisions),
-        "chosen": report.chosen,
-        "forced": report.forced,
-        "reason": report.reason,
+    write_report(report, plan, {
         "gate": {"exact_match_min": SEQ2SEQ_MIN_EXACT},
         "decoding": asdict(decoding),
         "parity_queries": len(plan.parity_items),
@@ -486,21 +438,6 @@ def _write_report(report: PrepareReport, plan: Plan, decoding: Decoding,
                    "seconds_per_round": plan.timing_seconds, "rounds": plan.timing_rounds,
                    "statistic": "median", "tokenization_included": True,
                    "torch_threads": TORCH_THREADS},
-        "before": asdict(report.before) if report.before else None,
-        "after": asdict(report.after) if report.after else None,
         "ctranslate2": ctranslate2.__version__,
         "device": device(),
-        "elapsed_s": round(report.elapsed_s, 1),
-        "variants": [_variant_json(v) for v in report.variants],
-        **{k: v for k, v in plan.extra.items() if k != "model"},
-    }
-    report.report_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-
-
-def _variant_json(variant: VariantReport) -> dict[str, Any]:
-    entry = asdict(variant)
-    entry["queries_per_second"] = {f"batch_{b}": round(q, 1)
-                                   for b, q in variant.queries_per_second.items()}
-    entry["differences"] = [{"input": a, "original": b, "optimized": c}
-                            for a, b, c in variant.differences]
-    return entry
+    })
