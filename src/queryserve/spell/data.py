@@ -1,0 +1,99 @@
+"""The spelling corrector's text: catalog queries, a lexicon, and real misspellings, split once.
+
+Everything comes from the repository's `data/` folder (each with its SOURCE.md):
+
+- catalog queries: Billboard Hot 100 titles and performers (as searched alone and together),
+  product titles cut to the first few words as people type them, and MASSIVE utterances;
+- a lexicon: the correctly spelled words of the misspelling corpus (a dictionary knows them);
+- real misspellings: `spelling-errors/spell_errors.json` (word -> observed misspellings).
+
+Splits are fixed by a hash of the text, so every command sees the same ones without a file of
+ids: 5% of catalog items are held out (their queries are never trained on: the odd names among
+them test that unseen words are left alone), MASSIVE keeps its own train/test split, and 20%
+of the misspelled words are held out with all their misspellings (the noise model never sees
+them). Text is lower-cased: search queries are matched without case.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA = Path("data")
+HELD_OUT_ITEMS = 0.05
+HELD_OUT_WORDS = 0.20
+MAX_QUERY_CHARS = 64
+_SPACES = re.compile(r"\s+")
+_FEATURING = re.compile(r"\s+(?:featuring|feat\.|ft\.|with|x|&|and|,)\s+", re.IGNORECASE)
+
+
+def held_out(text: str, fraction: float) -> bool:
+    """A stable split: the same text lands on the same side in every process."""
+    return zlib.crc32(text.encode()) % 10_000 < fraction * 10_000
+
+
+def clean(text: str) -> str:
+    return _SPACES.sub(" ", text.replace('"', " ")).strip().lower()
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Queries as a search bar sees them, split into train and held-out."""
+    train: list[str]
+    held_out: list[str]
+
+
+@dataclass(frozen=True)
+class Misspellings:
+    """(misspelling, word) pairs, split by word."""
+    train: list[tuple[str, str]]
+    held_out: list[tuple[str, str]]
+    lexicon: list[str]  # every correct word, both splits: the dictionary knows them all
+
+
+def _song_queries(data: Path) -> Iterable[tuple[str, list[str]]]:
+    with (data / "billboard-hot100" / "hot100_songs_1997_2026.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            title, performer = clean(row["title"]), clean(row["performer"])
+            lead = _FEATURING.split(performer)[0]
+            yield title + "|" + performer, [title, lead, f"{title} {lead}"]
+
+
+def _product_queries(data: Path) -> Iterable[tuple[str, list[str]]]:
+    for line in (data / "catalog-titles" / "titles.txt").read_text().splitlines():
+        words = clean(line).replace(" - ", " ").split()
+        # A shopper types the head of a title: brand and product, not the whole listing.
+        yield line, [" ".join(words[:n]) for n in (3, 5) if len(words) >= n] or [" ".join(words)]
+
+
+def _massive(data: Path, split: str) -> list[str]:
+    lines = (data / "massive-en" / f"{split}.jsonl").read_text().splitlines()
+    return [clean(json.loads(line)["text"]) for line in lines]
+
+
+def load_catalog(data: Path = DATA) -> Catalog:
+    train: dict[str, None] = {}  # ordered sets: stable across runs, no duplicates
+    test: dict[str, None] = {}
+    for key, queries in [*_song_queries(data), *_product_queries(data)]:
+        side = test if held_out(key, HELD_OUT_ITEMS) else train
+        side.update((q, None) for q in queries if 0 < len(q) <= MAX_QUERY_CHARS)
+    train.update((q, None) for q in _massive(data, "train") if len(q) <= MAX_QUERY_CHARS)
+    test.update((q, None) for q in _massive(data, "test") if len(q) <= MAX_QUERY_CHARS)
+    return Catalog([q for q in train if q not in test], list(test))
+
+
+def load_misspellings(data: Path = DATA) -> Misspellings:
+    corpus: dict[str, list[str]] = json.loads(
+        (data / "spelling-errors" / "spell_errors.json").read_text())
+    train: list[tuple[str, str]] = []
+    test: list[tuple[str, str]] = []
+    for word, observed in corpus.items():
+        side = test if held_out(word, HELD_OUT_WORDS) else train
+        # Case variants ("Chemistry" for "chemistry") are not misspellings once lower-cased.
+        side.extend((m.lower(), word) for m in observed if m.lower() != word and " " not in m)
+    return Misspellings(train, test, sorted(corpus))

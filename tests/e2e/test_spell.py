@@ -1,0 +1,177 @@
+"""The spelling corrector end to end, as a user runs it: `queryserve train spell` for a few
+steps on a tiny copy of the repository's data, `--resume`, `queryserve optimize --task
+seq2seq`, a real server answering `/v1/spell` and KServe `spell`, and `queryserve eval spell`.
+
+A few steps of training do not make a good corrector, so these tests check the plumbing and
+its contracts (the served text is what the model generates in-process, scores are
+probabilities, bad input is refused in words); the committed model's accuracy is measured in
+BENCHMARKS.md by `queryserve eval spell`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from queryserve import cli
+from queryserve.spell.corrector import Seq2SeqCorrector, normalized
+from tests.conftest import ROOT, RunningServer, start_server, stop_server
+
+# A few steps at a high rate, no warm-up: enough for the model to write something.
+TINY = ("--batch-size", "8", "--learning-rate", "0.01", "--warmup-steps", "1", "--d-model", "32",
+        "--encoder-layers", "1", "--decoder-layers", "1")
+QUERIES = ["taylor swfit", "Play Some Jazz", "wake me up at five", "sony turntable",
+           "olly set an alarm"]
+
+
+def tiny_data(folder: Path) -> Path:
+    """The first rows of each data file the corrector reads, in the same layout."""
+    data = ROOT / "data"
+    for name, rows in [("billboard-hot100/hot100_songs_1997_2026.csv", 200),
+                       ("catalog-titles/titles.txt", 150), ("massive-en/train.jsonl", 200),
+                       ("massive-en/test.jsonl", 120)]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        lines = (data / name).read_text(encoding="utf-8").splitlines()[:rows]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    errors = json.loads((data / "spelling-errors/spell_errors.json").read_text())
+    (folder / "spelling-errors").mkdir()
+    (folder / "spelling-errors/spell_errors.json").write_text(
+        json.dumps(dict(list(errors.items())[:400])))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
+    out = tmp_path_factory.mktemp("train") / "spell"
+    assert cli.main(["train", "spell", str(out), "--data", str(data), "--max-steps", "4",
+                     *TINY]) == 0
+    return out
+
+
+def test_training_writes_a_model_and_resumes(trained: Path, data: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    record = json.loads((trained / "TRAINING.json").read_text())
+    assert record["steps"] == 4 and record["examples"] == 32
+    assert record["recipe"]["bf16"] and record["recipe"]["seed"] == 0
+    assert (trained / "model.safetensors").is_file() and (trained / "checkpoint.pt").is_file()
+    # Characters in and out, the word boundary a token of its own.
+    from tokenizers import Tokenizer
+
+    chars = Tokenizer.from_file(str(trained / "tokenizer.json"))
+    assert chars.encode("Jazz").tokens == ["<s>", "▁", "j", "a", "z", "z", "</s>"]
+
+    # Training into a folder that holds a run is refused; --resume goes on to the new budget.
+    argv = ["train", "spell", str(trained), "--data", str(data), *TINY]
+    assert cli.main([*argv, "--max-steps", "6"]) == 1
+    assert "pass --resume" in capsys.readouterr().err
+    assert cli.main([*argv, "--max-steps", "6", "--resume"]) == 0
+    assert json.loads((trained / "TRAINING.json").read_text())["steps"] == 6
+
+
+def test_resume_without_a_checkpoint_is_refused(tmp_path: Path, data: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", "spell", str(tmp_path / "none"), "--data", str(data),
+                     "--resume", *TINY]) == 1
+    assert "no checkpoint.pt to resume from" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def served_folder(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("repo") / "spell"
+    result = subprocess.run(
+        [sys.executable, "-m", "queryserve", "optimize", str(trained), "--task", "seq2seq",
+         "--precision", "fp32", "--out", str(out), "--timing-seconds", "0.05",
+         "--no-progress", "--max-output-length", "16"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "prepare.json").read_text())["chosen"] == "float32"
+    return out
+
+
+def test_served_spell_over_http(served_folder: Path, tmp_path: Path) -> None:
+    corrector = Seq2SeqCorrector(served_folder)
+    expected, generated = corrector.correct(QUERIES), corrector.generate(QUERIES)
+    server = start_server(served_folder.parent, tmp_path / "server.log")
+    try:
+        answer = httpx.post(f"{server.url}/v1/spell", json={"queries": QUERIES}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        corrections = answer.json()["corrections"]
+        assert [c["query"] for c in corrections] == QUERIES
+        assert [c["corrected"] for c in corrections] == [e.corrected for e in expected]
+        for c in corrections:
+            assert c["changed"] == (c["corrected"] != normalized(c["query"]))
+            assert 0.0 < c["score"] <= 1.0
+        assert [c["score"] for c in corrections] == pytest.approx([e.score for e in expected],
+                                                                  rel=1e-4)
+
+        import tritonclient.http as triton
+
+        client = triton.InferenceServerClient(server.host_port)
+        tensor = triton.InferInput("text", [len(QUERIES), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[q.encode()] for q in QUERIES], dtype=object))
+        result = client.infer("spell", [tensor])
+        texts = [v.decode() for v in result.as_numpy("generated_text").ravel()]
+        assert texts == [text for text, _ in generated]  # the model's own text, as generated
+        assert result.as_numpy("score").ravel() == pytest.approx(
+            [score for _, score in generated], rel=1e-4)
+
+        for body, words in [({"queries": "taylor swfit"}, '"queries": a list'),
+                            ({"queries": []}, "'queries' is empty"),
+                            ({"queries": ["ok", "  "]}, "queries[1] is empty"),
+                            ({"queries": [7]}, "queries[0] must be a string"),
+                            ({"queries": ["x"], "model": "nope"}, "nope")]:
+            bad = httpx.post(f"{server.url}/v1/spell", json=body)
+            assert bad.status_code in (400, 404) and words in bad.json()["error"], bad.text
+        assert "Traceback" not in server.log_text()
+    finally:
+        stop_server(server)
+
+
+def test_eval_spell_compares_with_symspell(served_folder: Path, data: Path,
+                                           tmp_path: Path) -> None:
+    scores_file = tmp_path / "scores.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "queryserve", "eval", "spell", str(served_folder), "--data",
+         str(data), "--size", "30", "--json", str(scores_file)],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "symspell" in result.stdout and "t5" in result.stdout
+    scores = json.loads(scores_file.read_text())
+    assert [s["corrector"] for s in scores] == ["t5", "symspell"]
+    for s in scores:
+        for key in ("word_accuracy", "query_accuracy", "false_corrections"):
+            assert 0.0 <= s[key] <= 1.0
+    # SymSpell knows the training catalog's words: it fixes a good share of one-edit typos.
+    assert scores[1]["query_accuracy_by_edits"]["1"] > 0.3
+
+
+def test_eval_spell_on_a_folder_that_is_not_served_says_so(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "queryserve", "eval", "spell",
+                             str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "no model.yaml" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: RunningServer
+                                                                  ) -> None:
+    """`make run`'s `spell`: the committed model, as `queryserve prepare` converted it."""
+    answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30, json={
+        "queries": ["taylor swfit", "Taylor Swift", "play some jazz", "sony turntable"]})
+    assert answer.status_code == 200, answer.text
+    got = [(c["corrected"], c["changed"]) for c in answer.json()["corrections"]]
+    assert got == [("taylor swift", True), ("taylor swift", False), ("play some jazz", False),
+                   ("sony turntable", False)]
+    # Embeddings are not a spelling model.
+    wrong = httpx.post(f"{real_server.url}/v1/spell", json={"queries": ["x"], "model": "embed"})
+    assert wrong.status_code == 400 and "text2text models only" in wrong.json()["error"]

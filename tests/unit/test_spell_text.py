@@ -1,0 +1,55 @@
+"""The corrector's text tools: edit alignment, the learned typo model, SymSpell, the splits."""
+
+from __future__ import annotations
+
+import random
+
+from queryserve.spell.data import held_out, load_catalog, load_misspellings
+from queryserve.spell.noise import NoiseModel, align
+from queryserve.spell.symspell import SymSpell
+from tests.conftest import ROOT
+
+
+def test_align_names_each_edit() -> None:
+    assert align("receive", "recieve") == [("swap", 3, "ei", "ie")]
+    assert align("cat", "cat") == []
+    assert align("cat", "ct") == [("delete", 1, "a", "")]
+    assert align("cat", "cart") == [("insert", 2, "", "r")]
+    assert align("cat", "cut") == [("substitute", 1, "a", "u")]
+
+
+def test_noise_model_learns_and_corrupts() -> None:
+    pairs = [("recieve", "receive"), ("beleive", "believe"), ("adress", "address"),
+             ("definately", "definitely"), ("wierd", "weird")]
+    model = NoiseModel.learn(pairs)
+    assert sum(count for (kind, _), count in model.kinds.items() if kind == "swap") == 3
+    assert model.substitutes["i"]["a"] == 1
+    rng = random.Random(0)
+    for word in ("music", "playlist", "receive"):
+        assert all(model.corrupt_word(word, rng) != word for _ in range(50))
+    # Replay draws real misspellings of training words as written.
+    assert {model.corrupt_word("receive", rng) for _ in range(200)} >= {"recieve"}
+    query = model.corrupt_query("play the beatles", rng, replay=False)
+    assert query != "play the beatles" and len(query.split()) == 3
+
+
+def test_symspell_fixes_near_misses_and_keeps_known_words() -> None:
+    spell = SymSpell(["the beatles", "taylor swift", "receive a call", "sony tv 4k"])
+    assert spell.word("recieve") == "receive"
+    assert spell.word("swfit") == "swift"
+    assert spell.word("beatles") == "beatles"
+    assert spell.word("zzzzzzzz") == "zzzzzzzz"  # nothing within two edits: kept
+    assert spell.word("4k") == "4k"  # digits: a model number, kept
+    [c] = spell.correct(["Taylor  Swfit"])
+    assert c.corrected == "taylor swift" and c.changed
+    [c] = spell.correct(["The Beatles"])
+    assert c.corrected == "the beatles" and not c.changed
+
+
+def test_splits_are_disjoint_and_stable() -> None:
+    catalog = load_catalog(ROOT / "data")
+    assert not set(catalog.train) & set(catalog.held_out)
+    assert 0.03 < len(catalog.held_out) / len(catalog.train) < 0.2
+    misspellings = load_misspellings(ROOT / "data")
+    assert not {w for _, w in misspellings.train} & {w for _, w in misspellings.held_out}
+    assert held_out("necessary", 0.2) == held_out("necessary", 0.2)
