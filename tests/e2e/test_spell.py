@@ -146,9 +146,9 @@ def test_eval_spell_compares_with_symspell(served_folder: Path, data: Path,
          str(data), "--size", "30", "--json", str(scores_file)],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "symspell" in result.stdout and "t5" in result.stdout
+    assert "symspell" in result.stdout and "seq2seq" in result.stdout
     scores = json.loads(scores_file.read_text())
-    assert [s["corrector"] for s in scores] == ["t5", "symspell"]
+    assert [s["corrector"] for s in scores] == ["seq2seq", "symspell"]
     for s in scores:
         for key in ("word_accuracy", "query_accuracy", "false_corrections"):
             assert 0.0 <= s[key] <= 1.0

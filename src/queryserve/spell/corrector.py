@@ -45,7 +45,7 @@ class Seq2SeqCorrector:
     """A CTranslate2 folder as `queryserve optimize --task seq2seq` writes it, run as the
     server runs it (same tokenizer, decoding and scores), in this process."""
 
-    name = "t5"
+    name = "seq2seq"
 
     def __init__(self, folder: Path, batch_size: int = 32) -> None:
         import yaml
