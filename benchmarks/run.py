@@ -402,18 +402,25 @@ def render_ceiling(results: dict[str, Any]) -> list[str]:
 # -- 6. queryserve optimize ---------------------------------------------------------------
 
 
+def run_optimize(model: Path, out: Path, *args: str) -> dict[str, Any]:
+    """One `queryserve optimize MODEL ARGS --out OUT` run; its prepare.json. Its output goes
+    to optimize.log in OUT's parent folder."""
+    command = [QUERYSERVE, "optimize", str(model), *args, "--out", str(out), "--no-progress"]
+    log("  $ " + " ".join(command[1:]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (out.parent / "optimize.log").write_text(done.stderr + done.stdout)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[1:4])} failed:\n{done.stderr}")
+    report: dict[str, Any] = json.loads((out / "prepare.json").read_text())
+    return report
+
+
 def optimize_figures(seconds: float) -> dict[str, Any]:
     out = OUT / "optimize" / "minilm"
     shutil.rmtree(out, ignore_errors=True)
-    command = [QUERYSERVE, "optimize", str(minilm_folder()), "--task", "embed", "--precision",
-               "fp32,int8,fp16", "--out", str(out), "--timing-seconds", str(seconds),
-               "--no-progress"]
-    log("  $ " + " ".join(command[1:]))
-    done = subprocess.run(command, capture_output=True, text=True)
-    (OUT / "optimize" / "optimize.log").write_text(done.stderr + done.stdout)
-    if done.returncode != 0:
-        raise SystemExit(f"queryserve optimize failed:\n{done.stderr}")
-    report: dict[str, Any] = json.loads((out / "prepare.json").read_text())
+    report = run_optimize(minilm_folder(), out, "--task", "embed", "--precision",
+                          "fp32,int8,fp16", "--timing-seconds", str(seconds))
     report["bf16"] = torch_bf16(load_queries(512), seconds)
     return report
 
@@ -503,7 +510,7 @@ def spell_parity_file() -> Path:
     sets = EvalSets.build(ROOT / "data", size=SPELL_PARITY)
     path = OUT / "spell" / "parity.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([t for t, _ in sets.misspelled] + sets.clean) + "\n")
+    path.write_text("\n".join(sets.queries()) + "\n")
     return path
 
 
@@ -513,16 +520,9 @@ def seq2seq_figures(seconds: float) -> dict[str, Any]:
     model = ROOT / SPELL_MODEL
     out = OUT / "seq2seq" / "repo" / "spell"
     shutil.rmtree(out, ignore_errors=True)
-    command = [QUERYSERVE, "optimize", str(model), "--task", "seq2seq", "--precision",
-               "fp32,int8", "--out", str(out), "--parity", str(spell_parity_file()),
-               "--max-output-length", str(SPELL_MAX_OUTPUT), "--timing-seconds", str(seconds),
-               "--no-progress"]
-    log("  $ " + " ".join(command[1:]))
-    done = subprocess.run(command, capture_output=True, text=True)
-    (OUT / "seq2seq" / "optimize.log").write_text(done.stderr + done.stdout)
-    if done.returncode != 0:
-        raise SystemExit(f"queryserve optimize --task seq2seq failed:\n{done.stderr}")
-    report: dict[str, Any] = json.loads((out / "prepare.json").read_text())
+    report = run_optimize(model, out, "--task", "seq2seq", "--precision", "fp32,int8",
+                          "--parity", str(spell_parity_file()), "--max-output-length",
+                          str(SPELL_MAX_OUTPUT), "--timing-seconds", str(seconds))
     report["training"] = json.loads((model / "TRAINING.json").read_text())
     return report
 

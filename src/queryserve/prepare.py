@@ -75,10 +75,9 @@ def prepare_spell(repository: Path, force: bool = False, source_dir: Path = SPEL
 
     quiet_logs()
     sets = EvalSets.build(size=SPELL_PARITY)
-    parity = [typed for typed, _ in sets.misspelled] + list(sets.clean)
     source = inspect_source(source_dir, "seq2seq")
     decoding = Decoding(1, SPELL_MAX_OUTPUT)
-    plan = Plan(source, ("int8",), parity, [],
+    plan = Plan(source, ("int8",), sets.queries(), [],
                 model_config=seq2seq_model_yaml(source, "spell", decoding),
                 extra={"source": str(source_dir)})
     optimize_seq2seq(plan, target, decoding, progress=progress)

@@ -59,8 +59,8 @@ from queryserve.optimize.plan import (
     Steps,
     VariantReport,
     choose_fastest,
+    gate_outcome,
     install,
-    no_candidate,
     progress_display,
     rate_of,
     time_runners,
@@ -348,23 +348,13 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                 except Exception as error:  # a graph the runtime cannot load or run
                     errors[recipe.name] = f"{type(error).__name__}: {error}"
                     del paths[recipe.name]
-        candidates = [n for n, r in results.items() if r.precision in plan.precisions]
-        passed = [n for n in candidates if results[n].passed]
-        forced = False
-        if not passed:
-            if not plan.force or not candidates:
-                raise ExportError(no_candidate(plan, results, errors))
-            passed = [max(candidates, key=lambda n: (results[n].mean, results[n].min))]
-            forced = True
-        kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
-        steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(passed)
+        outcome = gate_outcome(plan, results, errors)
+        steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(outcome.passed)
                    + (1 if plan.measure_original else 0))
-        speeds = _time_variants({n: paths[n] for n in passed}, tokenizer, plan.parity_items,
-                                plan.timing_seconds, plan.timing_rounds, steps)
+        speeds = _time_variants({n: paths[n] for n in outcome.passed}, tokenizer,
+                                plan.parity_items, plan.timing_seconds, plan.timing_rounds, steps)
         chosen, reason = choose_fastest(speeds, results)
-        if forced:
-            reason = (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
-                      f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
+        reason = outcome.reason(plan, chosen, reason, results)
         before = None
         if plan.measure_original:
             steps.next("timing the original in PyTorch")
@@ -372,12 +362,12 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                                   plan.timing_rounds)
         after = _onnx_speed(paths[chosen], speeds[chosen])
         steps.next("writing the model folder")
-        files = install(work, model_dir, paths, kept, chosen, tokenizer_src, plan.model_config,
-                        served="model.onnx", suffix=".onnx")
+        files = install(work, model_dir, paths, outcome.kept, chosen, tokenizer_src,
+                        plan.model_config, served="model.onnx", suffix=".onnx")
         variants = _reports(results, speeds, files, errors, recipes)
         elapsed = time.perf_counter() - started
         report = PrepareReport(chosen, reason, variants, model_dir / "model.onnx",
-                               model_dir / report_name, elapsed, forced, before, after)
+                               model_dir / report_name, elapsed, outcome.forced, before, after)
         _write_report(report, plan)
         steps.finish()
     return report

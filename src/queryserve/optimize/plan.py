@@ -25,6 +25,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from queryserve.errors import ExportError
 from queryserve.optimize.gate import Parity
 from queryserve.optimize.recipes import Precision
 from queryserve.optimize.source import Source
@@ -127,6 +128,37 @@ def no_candidate(plan: Plan, results: Mapping[str, Parity], errors: Mapping[str,
     if len(lines) == 1:
         lines.append("  no variant of that precision could be built")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """Which variants a run may serve, after the gate (and `--force`)."""
+    candidates: list[str]  # built variants of the planned precisions
+    passed: list[str]  # those that passed; with `--force` and none passing, the closest
+    kept: list[str]  # every variant written: all that passed, the served choice last
+    forced: bool
+
+    def reason(self, plan: Plan, chosen: str, reason: str,
+               results: Mapping[str, Parity]) -> str:
+        """Why `chosen` is served: `reason`, unless it was forced past the gate."""
+        if not self.forced:
+            return reason
+        return (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
+                f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
+
+
+def gate_outcome(plan: Plan, results: Mapping[str, Parity],
+                 errors: Mapping[str, str]) -> GateOutcome:
+    """Raises ExportError (naming each miss) when nothing passes and `--force` was not given."""
+    candidates = [n for n, r in results.items() if r.precision in plan.precisions]
+    passed = [n for n in candidates if results[n].passed]
+    forced = not passed
+    if forced:
+        if not plan.force or not candidates:
+            raise ExportError(no_candidate(plan, results, errors))
+        passed = [max(candidates, key=lambda n: (results[n].mean, results[n].min))]
+    kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
+    return GateOutcome(candidates, passed, kept, forced)
 
 
 def install(work: Path, model_dir: Path, paths: Mapping[str, Path], kept: Sequence[str],

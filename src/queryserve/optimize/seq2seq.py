@@ -44,9 +44,9 @@ from queryserve.optimize.plan import (
     Steps,
     VariantReport,
     choose_fastest,
+    gate_outcome,
     geometric_mean,
     install,
-    no_candidate,
     progress_display,
     time_runners,
     write_report,
@@ -335,15 +335,8 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
             results[compute_type], differences[compute_type] = parity(
                 translator(paths[compute_type]), tokenizer, texts, reference,
                 precision_of[compute_type], decoding, source.max_length)
-        candidates = [n for n, r in results.items() if r.precision in plan.precisions]
-        passed = [n for n in candidates if results[n].passed]
-        forced = False
-        if not passed:
-            if not plan.force or not candidates:
-                raise ExportError(no_candidate(plan, results, errors))
-            passed = [max(candidates, key=lambda n: results[n].mean)]
-            forced = True
-        kept = [n for n, r in results.items() if r.passed and n not in passed] + passed
+        outcome = gate_outcome(plan, results, errors)
+        candidates = outcome.candidates
         timed = texts[:TIMING_ITEMS]
         shape = {"mean_input_tokens": _mean_tokens(tokenizer, timed),
                  "mean_output_tokens": _mean_tokens(tokenizer, reference[:TIMING_ITEMS])}
@@ -359,11 +352,9 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
         load_s = {n: load_s[_timed_name(n, 1)] for n in candidates}
         best_threads = {name: _faster_threads(by_layout, name) for name in candidates}
         speeds = {n: by_layout[_timed_name(n, t)] for n, t in best_threads.items()}
-        chosen, reason = choose_fastest({n: speeds[n] for n in passed}, results)
-        reason += f"; timed at {best_threads[chosen]} intra-op thread(s), its faster setting"
-        if forced:
-            reason = (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
-                      f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
+        chosen, reason = choose_fastest({n: speeds[n] for n in outcome.passed}, results)
+        reason = outcome.reason(plan, chosen, reason + f"; timed at {best_threads[chosen]} "
+                                "intra-op thread(s), its faster setting", results)
         before = None
         if plan.measure_original:
             steps.next("timing the original in PyTorch")
@@ -375,7 +366,7 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
         steps.next("writing the model folder")
         config = (None if plan.model_config is None else
                   with_threads(plan.model_config, best_threads[chosen]))
-        files = install(work, model_dir, paths, kept, chosen, tokenizer_src, config,
+        files = install(work, model_dir, paths, outcome.kept, chosen, tokenizer_src, config,
                         served="ctranslate2", suffix="")
         variants = tuple(
             VariantReport(name, result.precision, f"CTranslate2 {ctranslate2.__version__}, "
@@ -386,8 +377,8 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
                                 False, None, {}, None, error)
                   for name, error in errors.items())
         report = PrepareReport(chosen, reason, variants, model_dir / "ctranslate2",
-                               model_dir / report_name, time.perf_counter() - started, forced,
-                               before, after, engine="CTranslate2")
+                               model_dir / report_name, time.perf_counter() - started,
+                               outcome.forced, before, after, engine="CTranslate2")
         thread_timing = {name: {threads: {f"batch_{b}": round(q, 1) for b, q in
                                           by_layout[_timed_name(name, threads)].items()}
                                 for threads in thread_choices()} for name in candidates}

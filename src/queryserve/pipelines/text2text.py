@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -51,6 +52,14 @@ class Generation(NamedTuple):
     score: float
 
 
+def generations(tokenizer: Tokenizer, outputs: dict[str, Array]) -> list[Generation]:
+    """The backend's outputs for a batch as texts with their scores (the geometric mean of the
+    token probabilities)."""
+    texts = decode_tokens(tokenizer, list(outputs[OUTPUT_TOKENS]))
+    return [Generation(t, math.exp(s)) for t, s in zip(texts, outputs[OUTPUT_SCORES],
+                                                         strict=True)]
+
+
 class TextToText(TextPipeline[list[str], Generation]):
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
         return source_tokens(self.tokenizer, texts)
@@ -63,8 +72,12 @@ class TextToText(TextPipeline[list[str], Generation]):
         texts[:, 0] = [row.text for row in rows]
         return texts
 
+    @cached_property
+    def _has_score(self) -> bool:
+        return any(spec.name == SCORE for spec in self.config.outputs)
+
     def extras(self, rows: Sequence[Generation]) -> dict[str, Array]:
-        if not any(spec.name == SCORE for spec in self.config.outputs):
+        if not self._has_score:
             return {}
         return {SCORE: np.array([[row.score] for row in rows], dtype=np.float32)}
 
@@ -72,6 +85,4 @@ class TextToText(TextPipeline[list[str], Generation]):
         return {SOURCE_TOKENS: token_rows(list(payloads))}
 
     def split(self, outputs: dict[str, Array], count: int) -> Sequence[Generation]:
-        texts = decode_tokens(self.tokenizer, list(outputs[OUTPUT_TOKENS]))
-        return [Generation(t, math.exp(s)) for t, s in zip(texts, outputs[OUTPUT_SCORES],
-                                                             strict=True)]
+        return generations(self.tokenizer, outputs)

@@ -201,17 +201,22 @@ class ServerApp:
                                   f"{self.limits.max_items} are allowed per request")
         return list(items)
 
+    def _model_for(self, name: object, pipeline: str, route: str, example: str) -> Model:
+        """The model a JSON route's `"model"` names, if it is of the pipeline the route serves."""
+        if not isinstance(name, str):
+            raise InvalidInput(f"'model' must name a model, e.g. \"{example}\"")
+        model = self.repository.get(name)
+        if model.config.pipeline != pipeline:
+            raise InvalidInput(f"model '{name}' is a {model.config.pipeline} model; "
+                               f"{route} serves {pipeline} models only")
+        return model
+
     async def openai_embeddings(self, request: Request) -> Response:
         body = kserve.parse_json(request.body)
         if not isinstance(body, dict):
             raise InvalidInput("the body must be a JSON object with 'model' and 'input'")
-        name = body.get("model")
-        if not isinstance(name, str):
-            raise InvalidInput("'model' must name a model, e.g. \"embed\"")
-        model = self.repository.get(name)
-        if model.config.pipeline != "text_embedding":
-            raise InvalidInput(f"model '{name}' is a {model.config.pipeline} model; "
-                               "/v1/embeddings serves text_embedding models only")
+        model = self._model_for(body.get("model"), "text_embedding", "/v1/embeddings", "embed")
+        name = model.name
         with _outcome_recorded(model):
             raw = body.get("input")
             if not raw or not isinstance(raw, str | list):
@@ -241,13 +246,7 @@ class ServerApp:
         if not isinstance(body, dict) or not isinstance(body.get("queries"), list):
             raise InvalidInput('the body must be a JSON object with "queries": a list of '
                                'strings, e.g. {"queries": ["taylor swfit"]}')
-        name = body.get("model", "spell")
-        if not isinstance(name, str):
-            raise InvalidInput("'model' must name a model, e.g. \"spell\"")
-        model = self.repository.get(name)
-        if model.config.pipeline != "text2text":
-            raise InvalidInput(f"model '{name}' is a {model.config.pipeline} model; "
-                               "/v1/spell serves text2text models only")
+        model = self._model_for(body.get("model", "spell"), "text2text", "/v1/spell", "spell")
         with _outcome_recorded(model):
             queries = decode_texts(self._items(body["queries"]), "queries")
             if not queries:

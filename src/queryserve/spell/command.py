@@ -62,7 +62,7 @@ def run_eval_command(args: argparse.Namespace) -> None:
 
     from queryserve.errors import ConfigError
     from queryserve.spell.corrector import Seq2SeqCorrector
-    from queryserve.spell.data import load_catalog, load_misspellings
+    from queryserve.spell.data import clean_texts, load_catalog, load_misspellings
     from queryserve.spell.evaluate import EvalSets, print_table, score
     from queryserve.spell.symspell import SymSpell
 
@@ -71,7 +71,7 @@ def run_eval_command(args: argparse.Namespace) -> None:
                           "one with `queryserve optimize TRAINED_FOLDER --task seq2seq`")
     sets = EvalSets.build(args.data, args.size, args.seed)
     catalog, misspellings = load_catalog(args.data), load_misspellings(args.data)
-    baseline = SymSpell(catalog.train + misspellings.lexicon)
+    baseline = SymSpell(clean_texts(catalog, misspellings))
     scores = [score(Seq2SeqCorrector(args.model), sets), score(baseline, sets)]
     print_table(scores, sets)
     if args.json:

@@ -3,7 +3,7 @@ dictionary baseline: `correct(queries) -> [Correction]`."""
 
 from __future__ import annotations
 
-import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,39 +42,31 @@ class Corrector(Protocol):
 
 
 class Seq2SeqCorrector:
-    """A CTranslate2 folder as `queryserve optimize --task seq2seq` writes it, run as the
-    server runs it (same tokenizer, decoding and scores), in this process."""
+    """A served model folder (`queryserve optimize --task seq2seq` output) in this process:
+    its model.yaml, tokenizer, backend and decoding, as the server runs them."""
 
     name = "seq2seq"
 
     def __init__(self, folder: Path, batch_size: int = 32) -> None:
-        import yaml
-        from ctranslate2 import Translator
+        from queryserve.backends.ctranslate2 import CTranslate2Backend
+        from queryserve.config import load_model_config
+        from queryserve.pipelines.base import load_tokenizer
 
-        from queryserve.pipelines.base import open_tokenizer
-
-        parameters = yaml.safe_load((folder / "model.yaml").read_text())["parameters"]
-        self.tokenizer = open_tokenizer(folder / parameters["tokenizer_file"],
-                                        parameters["max_sequence_length"])
-        self.translator = Translator(str(folder / parameters["model_dir"]), device="cpu",
-                                     intra_threads=parameters.get("intra_threads", 0))
-        self.beam_size = parameters["beam_size"]
-        self.max_length = parameters["max_output_length"]
+        config = load_model_config(folder / "model.yaml")
+        self.tokenizer = load_tokenizer(config)
+        self.backend = CTranslate2Backend(config, os.cpu_count() or 1)
         self.batch_size = batch_size
 
     def generate(self, queries: Sequence[str]) -> list[tuple[str, float]]:
         """The model's own text and score for each query, as KServe `spell` returns them."""
-        from queryserve.backends.ctranslate2 import generate_scored
-        from queryserve.pipelines.text2text import decode_tokens, source_tokens
+        from queryserve.backends.ctranslate2 import SOURCE_TOKENS, token_rows
+        from queryserve.pipelines.text2text import generations, source_tokens
 
         out: list[tuple[str, float]] = []
         for start in range(0, len(queries), self.batch_size):
-            batch = list(queries[start:start + self.batch_size])
-            tokens, scores = generate_scored(
-                self.translator, source_tokens(self.tokenizer, batch), self.beam_size,
-                self.max_length)
-            out += zip(decode_tokens(self.tokenizer, tokens), map(math.exp, scores),
-                       strict=True)
+            tokens = source_tokens(self.tokenizer, queries[start:start + self.batch_size])
+            out += generations(self.tokenizer,
+                               self.backend.run({SOURCE_TOKENS: token_rows(tokens)}))
         return out
 
     def correct(self, queries: Sequence[str]) -> list[Correction]:

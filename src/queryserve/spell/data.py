@@ -87,6 +87,12 @@ def load_catalog(data: Path = DATA) -> Catalog:
     return Catalog([q for q in train if q not in test], list(test))
 
 
+def clean_texts(catalog: Catalog, misspellings: Misspellings) -> list[str]:
+    """What the corrector and its baseline know as correctly spelled: the training catalog's
+    queries and the lexicon (the model trains on them, SymSpell's dictionary is their words)."""
+    return catalog.train + misspellings.lexicon
+
+
 def load_misspellings(data: Path = DATA) -> Misspellings:
     corpus: dict[str, list[str]] = json.loads(
         (data / "spelling-errors" / "spell_errors.json").read_text())

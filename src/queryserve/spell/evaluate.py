@@ -45,6 +45,10 @@ class EvalSets:
                       if (typed := noise.corrupt_query(q, rng, replay=False)) != q]
         return cls(rng.sample(words, min(size, len(words))), misspelled, clean, left_out)
 
+    def queries(self) -> list[str]:
+        """Every held-out query as typed, misspelled then clean: the optimizer's gate inputs."""
+        return [typed for typed, _ in self.misspelled] + self.clean
+
 
 @dataclass(frozen=True)
 class Score:

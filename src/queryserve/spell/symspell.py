@@ -3,8 +3,9 @@
 Every dictionary word's deletions (up to `max_distance` characters, within its first
 `prefix` characters) index the words they come from; a typed word's own deletions find its
 candidates in a few dictionary probes, and the nearest by Damerau distance wins, the most
-frequent among equals. A word already in the dictionary, or with digits or no letters (model
-numbers, years), is kept as typed. The dictionary is the same text the model trains on.
+frequent among equals (then the first in alphabetical order). A word already in the
+dictionary, or with digits or no letters (model numbers, years), is kept as typed. The
+dictionary is the same text the model trains on.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ class SymSpell:
             return typed
         candidates = {w for key in _deletes(typed[:self.prefix], self.max_distance)
                       for w in self.index.get(key, ())}
-        best, best_key = typed, (self.max_distance + 1, 0)
+        # Ties go to the alphabetically first word, so that a run does not depend on the set
+        # order that string hashing gives each process.
+        best, best_key = typed, (self.max_distance + 1, 0, "")
         for candidate in candidates:
             if abs(len(candidate) - len(typed)) > self.max_distance:
                 continue
             distance = len(align(candidate, typed))
-            key = (distance, -self.counts[candidate])
+            key = (distance, -self.counts[candidate], candidate)
             if distance <= self.max_distance and key < best_key:
                 best, best_key = candidate, key
         return best

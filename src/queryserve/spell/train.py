@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from queryserve.errors import QueryServeError
-from queryserve.spell.data import DATA, load_catalog, load_misspellings
+from queryserve.spell.data import DATA, clean_texts, load_catalog, load_misspellings
 from queryserve.spell.noise import NoiseModel
 
 SPECIALS = {"t5": ["<pad>", "</s>", "<unk>"],
@@ -243,7 +243,7 @@ def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
         rng.setstate(saved["rng"])
         torch.set_rng_state(saved["torch_rng"])
     else:
-        tokenizer = build_tokenizer(catalog.train + misspellings.lexicon, shape.min_char_count,
+        tokenizer = build_tokenizer(clean_texts(catalog, misspellings), shape.min_char_count,
                                     shape.architecture)
         save_tokenizer(tokenizer, out)
         model = new_model(shape, tokenizer)
@@ -314,7 +314,7 @@ def measure_speed(steps: int = 12, data: Path = DATA, shape: Shape = Shape(),
     if threads:
         torch.set_num_threads(threads)
     catalog, misspellings = load_catalog(data), load_misspellings(data)
-    tokenizer = build_tokenizer(catalog.train + misspellings.lexicon, shape.min_char_count,
+    tokenizer = build_tokenizer(clean_texts(catalog, misspellings), shape.min_char_count,
                                 shape.architecture)
     noise = NoiseModel.learn(misspellings.train)
     rows = []
