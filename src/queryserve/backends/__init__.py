@@ -29,6 +29,10 @@ def create_backend(config: ModelConfig, threads: int) -> Backend:
         from queryserve.backends.ctranslate2 import CTranslate2Backend
 
         return CTranslate2Backend(config, threads)
+    if config.backend == "noisy_channel":
+        from queryserve.backends.noisy_channel import NoisyChannelBackend
+
+        return NoisyChannelBackend(config)
     from queryserve.backends.fake import FakeBackend
 
     return FakeBackend(config)

@@ -89,7 +89,9 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("url", help="server, e.g. http://127.0.0.1:8000 (loopback only)")
     bench.add_argument("--model", default="embed", help="model name (default: %(default)s)")
     bench.add_argument("--protocol", choices=PROTOCOLS, default="kserve",
-                       help="request format (default: %(default)s)")
+                       help="request format: KServe v2 JSON or binary, OpenAI embeddings, "
+                            "or a task route (/v1/spell, /v1/intent, /v1/search) "
+                            "(default: %(default)s)")
     bench.add_argument("--path", default=None,
                        help="route to POST to (default: the protocol's, e.g. "
                             "/v2/models/MODEL/infer; {model} is replaced)")

@@ -15,11 +15,14 @@ from pathlib import Path
 
 from queryserve.errors import BenchError
 
-PROTOCOLS = ("kserve", "kserve-binary", "openai")
+PROTOCOLS = ("kserve", "kserve-binary", "openai", "spell", "intent", "search")
 DEFAULT_PATHS = {
     "kserve": "/v2/models/{model}/infer",
     "kserve-binary": "/v2/models/{model}/infer",
     "openai": "/v1/embeddings",
+    "spell": "/v1/spell",
+    "intent": "/v1/intent",
+    "search": "/v1/search",  # one query per request; --model is ignored
 }
 
 
@@ -79,6 +82,14 @@ def build_payloads(protocol: str, queries: Sequence[str], *, model: str,
     if protocol == "openai":
         bodies = [json.dumps({"model": model, "input": g}).encode() for g in groups]
         return Payloads(bodies, "application/json", None, items_per_request)
+    if protocol in ("spell", "intent"):
+        bodies = [json.dumps({"model": model, "queries": g}).encode() for g in groups]
+        return Payloads(bodies, "application/json", None, items_per_request)
+    if protocol == "search":
+        if items_per_request != 1:
+            raise BenchError("the search route takes one query per request")
+        bodies = [json.dumps({"query": g[0]}).encode() for g in groups]
+        return Payloads(bodies, "application/json", None, 1)
     if protocol == "kserve":
         bodies = [json.dumps({"inputs": [{"name": input_name, "shape": [len(g), 1],
                                           "datatype": "BYTES", "data": g}]}).encode()

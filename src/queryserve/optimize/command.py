@@ -260,7 +260,7 @@ def model_yaml(source: Source, name: str) -> str:
                              "max_batch_tokens": 1024},
         "instance_group": {"count": 2},
     }
-    if source.task == "embed":
+    if source.task in ("embed", "classify"):  # a pair model's warmup would need pairs
         config["model_warmup"] = [{"name": "one text", "batch_size": 1, "text": "warm up"}]
     config["parameters"] = parameters
     header = (f"# {name}: {kind} made by `queryserve optimize` from {source.path}\n"

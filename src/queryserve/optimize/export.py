@@ -50,13 +50,17 @@ def signature(source: Source, model: Any | None = None) -> Signature:
 
 
 def load_torch_model(source: Source) -> Any:
+    import torch
     from transformers import AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     cls = AutoModel if source.task == "embed" else AutoModelForSequenceClassification
     # Eager attention: ONNX Runtime's Attention fusion recognises the eager pattern, not SDPA's.
-    return cls.from_pretrained(str(source.path), attn_implementation="eager").eval()
+    # fp32 always: a checkpoint saved in fp16 (to keep a repository small) is the same model,
+    # and the graph is exported, quantized and gated from fp32.
+    return cls.from_pretrained(str(source.path), attn_implementation="eager",
+                               dtype=torch.float32).eval()
 
 
 def wrap(source: Source, model: Any) -> Any:

@@ -15,6 +15,10 @@ Pipeline = TextPipeline[Any, Any]
 
 def create_pipeline(config: ModelConfig, backends: Sequence[Backend],
                     stats: ModelStats) -> Pipeline:
+    if config.pipeline == "spelling":
+        from queryserve.pipelines.spelling import Spelling
+
+        return Spelling(config, backends, stats)
     tokenizer = load_tokenizer(config)
     if config.pipeline == "text2text":
         from queryserve.pipelines.text2text import TextToText

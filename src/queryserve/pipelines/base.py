@@ -58,11 +58,10 @@ class Rows:
 
 
 class TextPipeline(ABC, Generic[P, R]):
-    def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
-                 tokenizer: Tokenizer) -> None:
+    def __init__(self, config: ModelConfig, backends: Sequence[Backend],
+                 stats: ModelStats) -> None:
         self.config = config
         self.stats = stats
-        self.tokenizer = tokenizer
         self.output_name = config.outputs[0].name
         self.scheduler: Scheduler[P, R] = Scheduler(
             config.name, config.dynamic_batching, config.max_batch_size, backends, self, stats)

@@ -19,13 +19,16 @@ from typing import NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
+from queryserve.backends import Backend
 from queryserve.backends.ctranslate2 import (
     OUTPUT_SCORES,
     OUTPUT_TOKENS,
     SOURCE_TOKENS,
     token_rows,
 )
+from queryserve.config import ModelConfig
 from queryserve.pipelines.base import TextPipeline
+from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
 
@@ -60,12 +63,12 @@ def generations(tokenizer: Tokenizer, outputs: dict[str, Array]) -> list[Generat
                                                          strict=True)]
 
 
-class TextToText(TextPipeline[list[str], Generation]):
-    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
-        return source_tokens(self.tokenizer, texts)
+class GeneratedText(TextPipeline[list[str], Generation]):
+    """Texts out, one per text in, with their scores if the model declares a `score` output.
+    A payload is a list of strings: tokens (`text2text`) or words (`spelling`)."""
 
     def count(self, payload: list[str]) -> int:
-        return len(payload)
+        return max(1, len(payload))
 
     def stack(self, rows: Sequence[Generation]) -> Array:
         texts = np.empty((len(rows), 1), dtype=object)
@@ -80,6 +83,16 @@ class TextToText(TextPipeline[list[str], Generation]):
         if not self._has_score:
             return {}
         return {SCORE: np.array([[row.score] for row in rows], dtype=np.float32)}
+
+
+class TextToText(GeneratedText):
+    def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
+                 tokenizer: Tokenizer) -> None:
+        super().__init__(config, backends, stats)
+        self.tokenizer = tokenizer
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
+        return source_tokens(self.tokenizer, texts)
 
     def collate(self, payloads: Sequence[list[str]]) -> dict[str, Array]:
         return {SOURCE_TOKENS: token_rows(list(payloads))}

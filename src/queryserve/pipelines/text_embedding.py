@@ -52,7 +52,8 @@ class TextEmbedding(TextPipeline[Array, Array]):
 
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
-        super().__init__(config, backends, stats, tokenizer)
+        super().__init__(config, backends, stats)
+        self.tokenizer = tokenizer
         self.dim = config.outputs[0].dims[-1]
         self.wants_token_types = "token_type_ids" in backends[0].input_names
 

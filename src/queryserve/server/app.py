@@ -1,4 +1,5 @@
-"""Routes: the KServe v2 / Triton HTTP API, OpenAI's embeddings route, `/v1/spell`, metrics.
+"""Routes: the KServe v2 / Triton HTTP API, OpenAI's embeddings route, `/v1/spell`,
+`/v1/intent`, metrics.
 
 Handlers stay short: parse, call the pipeline, encode. Every error is a `QueryServeError`
 turned into a response in one place (`ServerApp.__call__`) using the error's own status.
@@ -14,7 +15,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import orjson
 
 from queryserve import __version__
@@ -26,9 +29,12 @@ from queryserve.errors import (
     Overloaded,
     PayloadTooLarge,
     QueryServeError,
+    Unavailable,
 )
 from queryserve.pipelines.base import decode_texts
 from queryserve.repository import VERSION, Model, ModelRepository
+from queryserve.search.pipeline import FILE as SEARCH_FILE
+from queryserve.search.pipeline import SearchConfig, Searcher
 from queryserve.server import kserve
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -69,6 +75,9 @@ def _outcome_recorded(model: Model) -> Iterator[None]:
         model.stats.record_request(outcome, time.perf_counter() - started)
 
 
+STATIC = Path(__file__).parent / "static"
+
+
 def _json(payload: object, status: int = 200) -> Response:
     return Response(status, orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
 
@@ -78,16 +87,22 @@ class ServerApp:
         self.repository = repository
         self.limits = limits
         self.loading = True  # until the repository's first load is done
+        self.searcher: Searcher | None = None  # see load_search
+        self.search_error: QueryServeError = Unavailable("the search pipeline is loading")
         get: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/v2": self.server_metadata,
             "/v2/health/live": self.live,
             "/v2/health/ready": self.ready,
             "/v2/models/stats": self.all_stats,
             "/metrics": self.metrics,
+            "/": self.page("index.html"),
+            "/dashboard": self.page("dashboard.html"),
         }
         post: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "/v1/embeddings": self.openai_embeddings,
             "/v1/spell": self.spell,
+            "/v1/intent": self.intent,
+            "/v1/search": self.search,
             "/v2/repository/index": self.repository_index,
         }
         self.routes = {"GET": get, "POST": post}
@@ -119,6 +134,16 @@ class ServerApp:
         raise NotFound(f"no route {request.method} {path}")
 
     # -- server -------------------------------------------------------------------------------
+
+    @staticmethod
+    def page(name: str) -> Callable[[Request], Awaitable[Response]]:
+        """A page of the web UI: one self-contained HTML file, read once (no build step)."""
+        body = (STATIC / name).read_bytes()
+
+        async def serve_page(request: Request) -> Response:
+            return Response(200, body, "text/html; charset=utf-8")
+
+        return serve_page
 
     async def server_metadata(self, request: Request) -> Response:
         return _json({"name": "queryserve", "version": __version__, "extensions": EXTENSIONS})
@@ -201,21 +226,23 @@ class ServerApp:
                                   f"{self.limits.max_items} are allowed per request")
         return list(items)
 
-    def _model_for(self, name: object, pipeline: str, route: str, example: str) -> Model:
-        """The model a JSON route's `"model"` names, if it is of the pipeline the route serves."""
+    def _model_for(self, name: object, pipelines: tuple[str, ...], route: str,
+                   example: str) -> Model:
+        """The model a JSON route's `"model"` names, if it is of a pipeline the route serves."""
         if not isinstance(name, str):
             raise InvalidInput(f"'model' must name a model, e.g. \"{example}\"")
         model = self.repository.get(name)
-        if model.config.pipeline != pipeline:
+        if model.config.pipeline not in pipelines:
             raise InvalidInput(f"model '{name}' is a {model.config.pipeline} model; "
-                               f"{route} serves {pipeline} models only")
+                               f"{route} serves {' and '.join(pipelines)} models only")
         return model
 
     async def openai_embeddings(self, request: Request) -> Response:
         body = kserve.parse_json(request.body)
         if not isinstance(body, dict):
             raise InvalidInput("the body must be a JSON object with 'model' and 'input'")
-        model = self._model_for(body.get("model"), "text_embedding", "/v1/embeddings", "embed")
+        model = self._model_for(body.get("model"), ("text_embedding",), "/v1/embeddings",
+                               "embed")
         name = model.name
         with _outcome_recorded(model):
             raw = body.get("input")
@@ -241,12 +268,14 @@ class ServerApp:
 
     async def spell(self, request: Request) -> Response:
         """`{"queries": [...]}` -> `{"corrections": [{query, corrected, changed, score}]}`,
-        through model `spell` (or the text2text model named by `"model"`) and its batcher."""
+        through model `spell` (or the spelling or text2text model named by `"model"`, e.g.
+        `spell-seq2seq`) and its batcher."""
         body = kserve.parse_json(request.body)
         if not isinstance(body, dict) or not isinstance(body.get("queries"), list):
             raise InvalidInput('the body must be a JSON object with "queries": a list of '
                                'strings, e.g. {"queries": ["taylor swfit"]}')
-        model = self._model_for(body.get("model", "spell"), "text2text", "/v1/spell", "spell")
+        model = self._model_for(body.get("model", "spell"), ("spelling", "text2text"), "/v1/spell",
+                               "spell")
         with _outcome_recorded(model):
             queries = decode_texts(self._items(body["queries"]), "queries")
             if not queries:
@@ -257,6 +286,68 @@ class ServerApp:
             correction(q, str(text), float(scores[i, 0]) if scores is not None else 1.0)
             .as_json() for i, (q, text) in enumerate(zip(queries, result.output[:, 0],
                                                          strict=True))]})
+
+
+    def load_search(self) -> None:
+        """The search pipeline, if the repository declares one, with its vector indexes in
+        memory (loaded on the first search instead, they would make that search slow)."""
+        folder = self.repository.root / "search"
+        if not (folder / SEARCH_FILE).is_file():
+            self.search_error = NotFound(
+                f"this repository declares no search pipeline ({folder / SEARCH_FILE}); "
+                "`queryserve prepare` makes the default one")
+            return
+        try:
+            searcher = Searcher(self.repository, SearchConfig.load(folder))
+            searcher.load()
+        except QueryServeError as exc:
+            log.error("search pipeline not loaded: %s", exc.message)
+            self.search_error = Unavailable(f"the search pipeline is not loaded: "
+                                            f"{exc.message}")
+            return
+        self.searcher = searcher
+
+    async def search(self, request: Request) -> Response:
+        """`{"query", "k", "catalog", "spell"}` -> spell -> embed -> ANN, with intent alongside:
+        `{"corrected", "intent", "results": [{"id", "title", "performer_or_brand", "score"}],
+        "timings_ms": {stage: ms}}`."""
+        body = kserve.parse_json(request.body)
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str) \
+                or not body["query"].strip():
+            raise InvalidInput('the body must be a JSON object with "query": a non-empty '
+                               'string, e.g. {"query": "taylor swfit", "k": 10, '
+                               '"catalog": "songs"}')
+        if self.searcher is None:
+            raise self.search_error
+        return _json(await self.searcher.search(body["query"], body.get("k"),
+                                                body.get("catalog", "songs"),
+                                                body.get("spell", True)))
+
+    async def intent(self, request: Request) -> Response:
+        """`{"queries": [...], "top_k": 3}` -> `{"results": [{"query", "intents": [{"intent",
+        "score"}]}]}`, the k likeliest labels of model `intent` (or the text_classification
+        model named by `"model"`), most likely first."""
+        body = kserve.parse_json(request.body)
+        if not isinstance(body, dict) or not isinstance(body.get("queries"), list):
+            raise InvalidInput('the body must be a JSON object with "queries": a list of '
+                               'strings, e.g. {"queries": ["wake me up at seven"], "top_k": 3}')
+        top_k = body.get("top_k", 1)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise InvalidInput(f"'top_k' must be a positive integer, got {top_k!r}")
+        model = self._model_for(body.get("model", "intent"), ("text_classification",),
+                                "/v1/intent", "intent")
+        with _outcome_recorded(model):
+            queries = decode_texts(self._items(body["queries"]), "queries")
+            if not queries:
+                raise InvalidInput("'queries' is empty; send at least one query")
+            result = await model.pipeline.infer(queries)
+        probabilities = result.output
+        names = model.config.labels(probabilities.shape[1])
+        best = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+        return _json({"results": [
+            {"query": q, "intents": [{"intent": names[j], "score": float(probabilities[i, j])}
+                                     for j in best[i]]}
+            for i, q in enumerate(queries)]})
 
 
 def model_metadata(config: ModelConfig) -> dict[str, object]:

@@ -43,6 +43,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await loop.run_in_executor(None, repository.load_all)
+    await loop.run_in_executor(None, app.load_search)
     app.loading = False
     log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
     if started is not None:

@@ -1,4 +1,5 @@
-"""`queryserve train spell` and `queryserve eval spell`: argument parsing only."""
+"""`queryserve train spell`, `queryserve train spell-channel` and `queryserve eval spell`:
+argument parsing only."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from pathlib import Path
 from queryserve.spell.data import DATA
 
 
-def add_spell_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    train = commands.add_parser("train", help="train a model from the repository's data")
-    tasks = train.add_subparsers(dest="task", required=True)
+def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`queryserve train spell` and `queryserve train spell-channel`."""
     spell = tasks.add_parser(
         "spell", help="train the query spelling corrector (a small character-in T5)")
     spell.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
@@ -38,6 +38,13 @@ def add_spell_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
                             "--minutes of training in all")
     spell.add_argument("--measure-speed", action="store_true",
                        help="only time fp32 at batch 32 against bf16 and a large batch")
+    channel = tasks.add_parser(
+        "spell-channel", help="learn the noisy-channel spelling corrector (seconds): a servable "
+                              "model folder")
+    channel.add_argument("out", type=Path, help="the model folder to write, e.g. "
+                                                "model_repository/spell")
+    channel.add_argument("--data", type=Path, default=DATA,
+                         help="the repository's data folder (default: %(default)s)")
 
 
 def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,39 +53,53 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     spell = tasks.add_parser(
         "spell", help="the spelling corrector against SymSpell: word accuracy on real "
                       "misspellings, query accuracy, false corrections")
-    spell.add_argument("model", type=Path,
-                       help="the served model folder (`queryserve optimize --task seq2seq` "
-                            "output, e.g. model_repository/spell)")
+    spell.add_argument("models", type=Path, nargs="+", metavar="MODEL",
+                       help="served model folders: the noisy channel (`queryserve train "
+                            "spell-channel` output, e.g. model_repository/spell) or a seq2seq "
+                            "model (`queryserve optimize --task seq2seq` output, e.g. "
+                            "model_repository/spell-seq2seq)")
     spell.add_argument("--size", type=int, default=1000,
                        help="queries and words per set (default: %(default)s)")
     spell.add_argument("--seed", type=int, default=0)
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
+    spell.add_argument("--min-score", type=float, action="append", default=None,
+                       help="also score each model as an auto-correct that changes a query "
+                            "only at this score or above (repeatable; default: 0.9)")
     spell.add_argument("--json", type=Path, help="also write the scores here")
 
 
 def run_eval_command(args: argparse.Namespace) -> None:
     from dataclasses import asdict
 
-    from queryserve.errors import ConfigError
-    from queryserve.spell.corrector import Seq2SeqCorrector
-    from queryserve.spell.data import clean_texts, load_catalog, load_misspellings
+    from queryserve.spell.corrector import Confident, Corrector, open_corrector
+    from queryserve.spell.data import (
+        dictionary_texts,
+        load_catalog,
+        load_misspellings,
+        load_words,
+    )
     from queryserve.spell.evaluate import EvalSets, print_table, score
     from queryserve.spell.symspell import SymSpell
 
-    if not (args.model / "model.yaml").is_file():
-        raise ConfigError(f"{args.model} is not a served model folder (no model.yaml); make "
-                          "one with `queryserve optimize TRAINED_FOLDER --task seq2seq`")
+    correctors = [open_corrector(folder) for folder in args.models]
     sets = EvalSets.build(args.data, args.size, args.seed)
     catalog, misspellings = load_catalog(args.data), load_misspellings(args.data)
-    baseline = SymSpell(clean_texts(catalog, misspellings))
-    scores = [score(Seq2SeqCorrector(args.model), sets), score(baseline, sets)]
+    baseline = SymSpell(dictionary_texts(catalog, misspellings, load_words(args.data)))
+    confident: list[Corrector] = [Confident(c, m) for c in correctors
+                                  for m in args.min_score or [0.9]]
+    scores = [score(c, sets) for c in [*correctors, *confident, baseline]]
     print_table(scores, sets)
     if args.json:
         args.json.write_text(json.dumps([asdict(s) for s in scores], indent=2) + "\n")
 
 
-def run_train_command(args: argparse.Namespace) -> None:
+def run_spell_train_command(args: argparse.Namespace) -> None:
+    if args.task == "spell-channel":
+        from queryserve.spell.channel import build_channel_model
+
+        print(json.dumps(build_channel_model(args.out, args.data), indent=2))
+        return
     from queryserve.optimize.report import quiet_logs
     from queryserve.spell.train import Recipe, Shape, measure_speed, train_spell
 

@@ -36,9 +36,27 @@ def correction(query: str, corrected: str, score: float) -> Correction:
 
 
 class Corrector(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def correct(self, queries: Sequence[str]) -> list[Correction]: ...
+
+
+@dataclass(frozen=True)
+class Confident:
+    """A corrector that changes a query only when its score reaches `min_score`: a search
+    bar's auto-correct (below it, the correction is a "did you mean" suggestion at most)."""
+    corrector: Corrector
+    min_score: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.corrector.name}, score >= {self.min_score:g}"
+
+    def correct(self, queries: Sequence[str]) -> list[Correction]:
+        return [c if c.score >= self.min_score or not c.changed
+                else Correction(c.query, normalized(c.query), False, c.score)
+                for c in self.corrector.correct(queries)]
 
 
 class Seq2SeqCorrector:
@@ -72,3 +90,23 @@ class Seq2SeqCorrector:
     def correct(self, queries: Sequence[str]) -> list[Correction]:
         return [correction(q, text, score)
                 for q, (text, score) in zip(queries, self.generate(queries), strict=True)]
+
+
+def open_corrector(folder: Path) -> Corrector:
+    """The corrector a served model folder holds, run in this process as the server runs it."""
+    from queryserve.config import load_model_config
+    from queryserve.errors import ConfigError
+
+    if not (folder / "model.yaml").is_file():
+        raise ConfigError(f"{folder} is not a served model folder (no model.yaml); make one "
+                          "with `queryserve train spell-channel` or `queryserve optimize "
+                          "TRAINED_FOLDER --task seq2seq`")
+    backend = load_model_config(folder / "model.yaml").backend
+    if backend == "noisy_channel":
+        from queryserve.spell.channel import NoisyChannel
+
+        return NoisyChannel.load(folder)
+    if backend == "ctranslate2":
+        return Seq2SeqCorrector(folder)
+    raise ConfigError(f"{folder / 'model.yaml'}: backend {backend!r} is not a spelling "
+                      "corrector (expected noisy_channel or ctranslate2)")

@@ -5,6 +5,8 @@ Everything comes from the repository's `data/` folder (each with its SOURCE.md):
 - catalog queries: Billboard Hot 100 titles and performers (as searched alone and together),
   product titles cut to the first few words as people type them, and MASSIVE utterances;
 - a lexicon: the correctly spelled words of the misspelling corpus (a dictionary knows them);
+- common English words (`english-words`, a WordPiece vocabulary's whole words), which the
+  dictionary correctors (the noisy channel, SymSpell) know too;
 - real misspellings: `spelling-errors/spell_errors.json` (word -> observed misspellings).
 
 Splits are fixed by a hash of the text, so every command sees the same ones without a file of
@@ -91,6 +93,16 @@ def clean_texts(catalog: Catalog, misspellings: Misspellings) -> list[str]:
     """What the corrector and its baseline know as correctly spelled: the training catalog's
     queries and the lexicon (the model trains on them, SymSpell's dictionary is their words)."""
     return catalog.train + misspellings.lexicon
+
+
+def load_words(data: Path = DATA) -> list[str]:
+    """Common English words: the dictionary correctors' knowledge beyond the catalog."""
+    return (data / "english-words" / "words.txt").read_text().split()
+
+
+def dictionary_texts(catalog: Catalog, misspellings: Misspellings, words: list[str]) -> list[str]:
+    """Everything SymSpell's dictionary holds: the clean texts and common English words."""
+    return clean_texts(catalog, misspellings) + words
 
 
 def load_misspellings(data: Path = DATA) -> Misspellings:

@@ -4,7 +4,8 @@ Three sets, all from the held-out splits (`spell.data`), drawn with a fixed seed
 
 - **words**: real misspellings of the held-out words, typed alone (the misspellings that are
   themselves dictionary words, "there" for "their", are left out: no corrector can tell them
-  from a correct word without context, and the count left out is reported);
+  from a correct word without context, and the count left out is reported; the dictionary is
+  the misspelling corpus's lexicon and the common English words of `data/english-words`);
 - **misspelled queries**: held-out catalog queries with one word misspelled by the noise model
   (learned from the training split's misspellings only);
 - **clean queries**: the same held-out queries as they are; any change is a false correction.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from queryserve.spell.corrector import Corrector, normalized
-from queryserve.spell.data import DATA, load_catalog, load_misspellings
+from queryserve.spell.data import DATA, load_catalog, load_misspellings, load_words
 from queryserve.spell.noise import NoiseModel, align
 
 
@@ -36,7 +37,7 @@ class EvalSets:
     def build(cls, data: Path = DATA, size: int = 1000, seed: int = 0) -> EvalSets:
         rng = random.Random(seed)
         catalog, misspellings = load_catalog(data), load_misspellings(data)
-        lexicon = set(misspellings.lexicon)
+        lexicon = set(misspellings.lexicon) | set(load_words(data))
         words = [(t, w) for t, w in misspellings.held_out if t not in lexicon and t.isalpha()]
         left_out = len(misspellings.held_out) - len(words)
         noise = NoiseModel.learn(misspellings.train)

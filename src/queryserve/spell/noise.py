@@ -26,11 +26,11 @@ MAX_EDITS = 3
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _length(word: str) -> int:
+def length_bucket(word: str) -> int:
     return min(len(word), 12) // 3  # 0-2, 3-5, 6-8, 9-11, 12+ letters
 
 
-def _bucket(position: int, length: int) -> int:
+def position_bucket(position: int, length: int) -> int:
     return min(BUCKETS - 1, position * BUCKETS // max(1, length))
 
 
@@ -86,9 +86,9 @@ class NoiseModel:
             if not edits:
                 continue
             model.replay[word].append(typo)
-            model.edit_counts[_length(word)][min(len(edits), MAX_EDITS)] += 1
+            model.edit_counts[length_bucket(word)][min(len(edits), MAX_EDITS)] += 1
             for kind, position, old, new in edits:
-                model.kinds[(kind, _bucket(position, len(word)))] += 1
+                model.kinds[(kind, position_bucket(position, len(word)))] += 1
                 if kind == "substitute":
                     model.substitutes[old][new] += 1
                 elif kind == "insert":
@@ -102,7 +102,7 @@ class NoiseModel:
             return rng.choice(self.replay[word])
         for _ in range(8):
             typo = word
-            for _ in range(_sample(self.edit_counts[_length(word)] or Counter({1: 1}), rng)):
+            for _ in range(_sample(self.edit_counts[length_bucket(word)] or Counter({1: 1}), rng)):
                 typo = self._edit(typo, rng)
             if typo != word and typo.strip():
                 return typo

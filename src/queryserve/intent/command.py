@@ -1,0 +1,41 @@
+"""`queryserve train intent`: argument parsing only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from queryserve.intent.train import DATA, METHODS
+
+
+def add_intent_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    intent = tasks.add_parser(
+        "intent", help="train the query intent classifier (MASSIVE's 60 intents) on the "
+                       "MiniLM encoder")
+    intent.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
+                                               "layout) and TRAINING.json")
+    intent.add_argument("--method", choices=METHODS, default="finetune",
+                        help="finetune: the whole encoder with a classification head; head: a "
+                             "linear head on the frozen encoder's embeddings, for comparison "
+                             "(default: %(default)s)")
+    intent.add_argument("--epochs", type=int, default=7)
+    intent.add_argument("--batch-size", type=int, default=32)
+    intent.add_argument("--learning-rate", type=float, default=1.5e-4)
+    intent.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    intent.add_argument("--seed", type=int, default=0)
+    intent.add_argument("--data", type=Path, default=DATA,
+                        help="MASSIVE's train/validation/test.jsonl (default: %(default)s)")
+    intent.add_argument("--no-progress", action="store_true")
+
+
+def run_intent_train_command(args: argparse.Namespace) -> None:
+    from queryserve.intent.train import IntentRecipe, train_intent
+    from queryserve.optimize.report import quiet_logs
+
+    quiet_logs()
+    recipe = IntentRecipe(method=args.method, epochs=args.epochs, batch_size=args.batch_size,
+                          learning_rate=args.learning_rate, max_steps=args.max_steps,
+                          seed=args.seed)
+    record = train_intent(args.out, recipe, args.data, progress=not args.no_progress)
+    print(json.dumps(record, indent=2))

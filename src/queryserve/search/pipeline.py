@@ -1,0 +1,130 @@
+"""The search bar's pipeline: spell -> embed -> ANN -> results, with intent alongside.
+
+Declared in the model repository as `search/pipeline.yaml`: which served models do each stage,
+where the vector index is, and how many results by default. Each stage goes through the named
+model's own pipeline and dynamic batcher, so concurrent searches share batches with every other
+client of those models; intent runs while the corrected query is embedded and searched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from queryserve.errors import ConfigError, InvalidInput
+from queryserve.repository import ModelRepository
+from queryserve.search.catalog import CATALOGS
+from queryserve.search.index import CatalogIndex, load_index
+
+FILE = "pipeline.yaml"
+MAX_K = 100
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    path: Path
+    spell: str | None
+    embed: str
+    intent: str | None
+    index: Path
+    k: int
+
+    @classmethod
+    def load(cls, folder: Path) -> SearchConfig:
+        path = folder / FILE
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        allowed = ("spell", "embed", "intent", "index", "k")
+        unknown = sorted(set(raw) - set(allowed))
+        if not isinstance(raw, dict) or unknown:
+            raise ConfigError(f"{path}: unknown field '{unknown[0] if unknown else raw}'; "
+                              f"allowed: {', '.join(allowed)}")
+        k = raw.get("k", 10)
+        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise ConfigError(f"{path}: field 'k' is {k!r}; expected an integer from 1 to "
+                              f"{MAX_K}")
+        for field in ("spell", "embed", "intent", "index"):
+            value = raw.get(field)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ConfigError(f"{path}: field '{field}' is {value!r}; expected a name")
+        if not raw.get("embed"):
+            raise ConfigError(f"{path}: missing required field 'embed' (the encoder model)")
+        return cls(path, raw.get("spell"), raw["embed"], raw.get("intent"),
+                   folder / raw.get("index", "index"), k)
+
+
+class Searcher:
+    def __init__(self, repository: ModelRepository, config: SearchConfig) -> None:
+        self.repository = repository
+        self.config = config
+        self.indexes: dict[str, CatalogIndex] = {}
+
+    def load(self) -> None:
+        """Every catalog's index into memory (vectors and HNSW graph: about 80 MB)."""
+        for catalog in CATALOGS:
+            self.indexes[catalog] = load_index(self.config.index, catalog)
+
+    def index(self, catalog: str) -> CatalogIndex:
+        if catalog not in self.indexes:
+            self.indexes[catalog] = load_index(self.config.index, catalog)
+        return self.indexes[catalog]
+
+    async def search(self, query: str, k: int | None = None, catalog: str = "songs",
+                     spell: bool = True) -> dict[str, Any]:
+        """One search; `spell=False` searches the query as typed ("search instead for")."""
+        if catalog not in CATALOGS:
+            raise InvalidInput(f"'catalog' is {catalog!r}; expected one of "
+                               f"{', '.join(CATALOGS)}")
+        k = self.config.k if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise InvalidInput(f"'k' must be an integer from 1 to {MAX_K}, got {k!r}")
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        corrected, changed, score = query, False, 1.0
+        if not isinstance(spell, bool):
+            raise InvalidInput(f"'spell' must be true or false, got {spell!r}")
+        if self.config.spell and spell:
+            from queryserve.spell.corrector import correction
+
+            rows = await self.repository.get(self.config.spell).pipeline.infer([query])
+            scores = rows.extra.get("score")
+            fixed = correction(query, str(rows.output[0, 0]),
+                               float(scores[0, 0]) if scores is not None else 1.0)
+            corrected, changed, score = fixed.corrected, fixed.changed, fixed.score
+            timings["spell"] = _ms(started)
+        intent = (asyncio.ensure_future(self._intent(corrected))
+                  if self.config.intent else None)
+        at = time.perf_counter()
+        vector = (await self.repository.get(self.config.embed).pipeline.infer([corrected]))
+        timings["embed"] = _ms(at)
+        at = time.perf_counter()
+        found = self.index(catalog).search(vector.output[0], k)
+        timings["ann"] = _ms(at)
+        label = None
+        if intent is not None:
+            label, timings["intent"] = await intent
+        timings["total"] = _ms(started)
+        return {"query": query, "corrected": corrected, "changed": changed,
+                "spell_score": score, "intent": label, "catalog": catalog,
+                "results": [{**item.as_json(), "score": round(similarity, 4)}
+                            for item, similarity in found],
+                "timings_ms": {name: round(ms, 3) for name, ms in timings.items()}}
+
+    async def _intent(self, text: str) -> tuple[dict[str, Any] | None, float]:
+        started = time.perf_counter()
+        assert self.config.intent is not None
+        model = self.repository.get(self.config.intent)
+        rows = await model.pipeline.infer([text])
+        probabilities = rows.output[0]
+        best = int(probabilities.argmax())
+        names = model.config.labels(len(probabilities))
+        return ({"intent": names[best], "score": round(float(probabilities[best]), 4)},
+                _ms(started))
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000

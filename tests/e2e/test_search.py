@@ -1,0 +1,138 @@
+"""The search bar end to end: the vector index (built from real catalog rows with the real
+encoder, ANN against exact search, rebuilt when the encoder changes), `/v1/search` on the
+default repository as `make run` serves it, and the web page and dashboard in a real browser
+(Playwright driving Debian's chromium; screenshots are kept under test-artifacts/).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from queryserve.search.index import build_index, index_is_current, load_index
+from tests.conftest import REPOSITORY, ROOT, RunningServer
+
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first rows of each catalog table, in the repository's data layout."""
+    folder = tmp_path_factory.mktemp("catalog")
+    for path in [ROOT / "data/billboard-hot100/hot100_songs_1997_2026.csv",
+                 *sorted((ROOT / "data/product-matching").glob("*/tables/*.csv"))]:
+        target = folder / path.relative_to(ROOT / "data")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("\n".join(path.read_text(encoding="utf-8").splitlines()[:120]) + "\n",
+                          encoding="utf-8")
+    return folder
+
+
+def test_index_is_built_searched_and_rebuilt_when_the_encoder_changes(data: Path,
+                                                                      tmp_path: Path) -> None:
+    encoder = REPOSITORY / "embed"
+    built = build_index(tmp_path / "index", encoder, data, progress=False)
+    assert built["songs"] == 119 and built["products"] == 6 * 119
+    assert index_is_current(tmp_path / "index", encoder)
+    songs = load_index(tmp_path / "index", "songs")
+    assert np.allclose(np.linalg.norm(songs.vectors, axis=1), 1.0, atol=1e-4)
+    # The item's own text finds the item, by ANN and by exact search alike.
+    from queryserve.search.index import embed_texts
+
+    queries = embed_texts(encoder, [item.text for item in songs.items[:20]])
+    exact = songs.exact(queries, 5)
+    assert (exact[:, 0] == np.arange(20)).all()
+    assert (songs.search_many(queries, 5)[:, 0] == exact[:, 0]).all()
+    first = songs.search(queries[0], 3)
+    # Not exactly 1: the int8 encoder quantizes activations per batch, so a text's vector
+    # moves a little with the batch it was embedded in.
+    assert first[0][0] == songs.items[0] and first[0][1] == pytest.approx(1.0, abs=0.02)
+    # Another encoder's vectors are not comparable: the index is no longer current.
+    meta = tmp_path / "index" / "songs" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "encoder": "another"}))
+    assert not index_is_current(tmp_path / "index", encoder)
+
+
+def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -> None:
+    answer = httpx.post(f"{real_server.url}/v1/search", timeout=30,
+                        json={"query": "taylor swfit shak it off", "k": 10})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["corrected"] == "taylor swift shake it off" and body["changed"]
+    # Intent comes from the intent model alongside (MASSIVE's labels, not a music catalog's).
+    assert isinstance(body["intent"]["intent"], str) and 0 < body["intent"]["score"] <= 1
+    top = body["results"][0]
+    assert (top["title"], top["performer_or_brand"]) == ("Shake It Off", "Taylor Swift")
+    assert len(body["results"]) == 10
+    scores = [r["score"] for r in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert set(body["timings_ms"]) == {"spell", "embed", "ann", "intent", "total"}
+    products = httpx.post(f"{real_server.url}/v1/search", timeout=30,
+                          json={"query": "sony turntable", "catalog": "products", "k": 3})
+    assert products.status_code == 200
+    assert any("sony" in (r["title"] + r["performer_or_brand"]).lower()
+               for r in products.json()["results"])
+    for body_, words in [({"query": ""}, '"query": a non-empty string'),
+                         ({"query": "jazz", "k": 0}, "'k' must be an integer"),
+                         ({"query": "jazz", "catalog": "movies"}, "'catalog' is 'movies'")]:
+        bad = httpx.post(f"{real_server.url}/v1/search", json=body_)
+        assert bad.status_code == 400 and words in bad.json()["error"], bad.text
+
+
+def test_pages_are_served_by_the_server_itself(real_server: RunningServer) -> None:
+    page = httpx.get(f"{real_server.url}/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'id="q"' in page.text and "/v1/search" in page.text
+    dashboard = httpx.get(f"{real_server.url}/dashboard")
+    assert dashboard.status_code == 200 and "/metrics" in dashboard.text
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (as root)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM),
+                                             args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def test_typing_a_misspelled_song_shows_the_correction_and_the_song(
+        real_server: RunningServer, browser: object) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    page.goto(f"{real_server.url}/")
+    page.locator("#q").press_sequentially("taylor swfit shak it off", delay=20)
+    page.locator("#meta .corrected").wait_for(timeout=15_000)
+    assert page.locator("#meta .corrected").inner_text() == "taylor swift shake it off"
+    first = page.locator("#results li").first
+    assert "Shake It Off" in first.inner_text() and "Taylor Swift" in first.inner_text()
+    assert "spell" in page.locator("#timings").inner_text()
+    assert page.locator("#meta .intent").inner_text()  # the intent model's label, shown
+    page.screenshot(path=str(ARTIFACTS / "search.png"), full_page=True)
+    page.close()
+
+
+def test_dashboard_shows_throughput_after_a_burst(real_server: RunningServer,
+                                                 browser: object) -> None:
+    page = browser.new_page()  # type: ignore[attr-defined]
+    page.goto(f"{real_server.url}/dashboard")
+    page.locator("tr[data-model='embed']").wait_for(timeout=15_000)
+    with httpx.Client() as client:
+        for i in range(60):  # a bounded burst, on 127.0.0.1 only
+            client.post(f"{real_server.url}/v1/embeddings",
+                        json={"model": "embed", "input": f"burst query {i}"})
+    page.wait_for_function(
+        "Number(document.querySelector(\"tr[data-model='embed'] .rate\").textContent) > 0",
+        timeout=15_000)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    page.close()

@@ -1,0 +1,47 @@
+"""The noisy-channel corrector on a small catalog: what it changes, what it must leave alone,
+and that its saved tables correct exactly as the learned ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from queryserve.spell.channel import ChannelTables, NoisyChannel
+from queryserve.spell.noise import NoiseModel
+
+CATALOG = ["taylor swift", "shake it off taylor swift", "play some jazz", "play some coffee",
+           "blank space taylor swift", "passion pit", "sleepyhead passion pit",
+           "play sleepyhead by passion pit", "set an alarm", "iphone 13 case"]
+TYPOS = [("swfit", "swift"), ("recieve", "receive"), ("jaz", "jazz"), ("alrm", "alarm"),
+         ("pasion", "passion"), ("plae", "play"), ("teh", "the"), ("acess", "access")]
+
+
+@pytest.fixture(scope="module")
+def channel() -> NoisyChannel:
+    return NoisyChannel(ChannelTables.learn(CATALOG, ["music", "coffees"],
+                                            NoiseModel.learn(TYPOS)))
+
+
+def test_typos_are_corrected_in_context(channel: NoisyChannel) -> None:
+    corrections = channel.correct(["Taylor Swfit", "plae sleepyhead by pasion pit",
+                                   "set an alrm"])
+    assert [c.corrected for c in corrections] == [
+        "taylor swift", "play sleepyhead by passion pit", "set an alarm"]
+    assert all(c.changed and 0.5 < c.score <= 1.0 for c in corrections)
+
+
+def test_right_queries_unknown_names_and_model_numbers_are_left_alone(
+        channel: NoisyChannel) -> None:
+    queries = ["taylor swift", "play some coffees", "zyxwvut", "iphone 13 case", "kids'"]
+    for c in channel.correct(queries):
+        assert c.corrected == c.query and not c.changed, c
+        assert 0.0 < c.score <= 1.0
+
+
+def test_saved_tables_correct_as_the_learned_ones(channel: NoisyChannel, tmp_path: Path) -> None:
+    channel.tables.save(tmp_path)
+    loaded = NoisyChannel.load(tmp_path)
+    queries = ["taylor swfit", "plae some jaz", "blank spase", "music"]
+    assert loaded.correct(queries) == channel.correct(queries)
+    assert loaded.parameters == channel.parameters
