@@ -85,6 +85,31 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
         assert bad.status_code == 400 and words in bad.json()["error"], bad.text
 
 
+def test_search_is_a_kserve_ensemble_model(real_server: RunningServer) -> None:
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(real_server.host_port)
+    assert client.is_model_ready("search")
+    metadata = client.get_model_metadata("search")
+    assert metadata["platform"] == "ensemble"
+    assert [o["name"] for o in metadata["outputs"]] == ["corrected", "intent", "results"]
+    steps = client.get_model_config("search")["ensemble_scheduling"]["step"]
+    assert [s["model_name"] for s in steps] == ["spell", "embed", "intent"]
+    queries = ["taylor swfit shak it off", "blank spase"]
+    tensor = triton.InferInput("query", [2, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[q.encode()] for q in queries], dtype=object))
+    result = client.infer("search", [tensor])
+    corrected = [v.decode() for v in result.as_numpy("corrected").ravel()]
+    assert corrected == ["taylor swift shake it off", "blank space"]
+    for query, text in zip(queries, result.as_numpy("results").ravel(), strict=True):
+        expected = httpx.post(f"{real_server.url}/v1/search", json={"query": query}).json()
+        assert json.loads(text) == expected["results"]
+    missing = httpx.post(f"{real_server.url}/v2/models/search/infer",
+                         json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1],
+                                           "data": ["x"]}]})
+    assert missing.status_code == 400 and "query" in missing.json()["error"]
+
+
 def test_pages_are_served_by_the_server_itself(real_server: RunningServer) -> None:
     page = httpx.get(f"{real_server.url}/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

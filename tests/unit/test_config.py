@@ -54,7 +54,8 @@ def test_default_repository_config_is_valid() -> None:
     ("response_cache: {enable: yes please}", "field 'response_cache.enable' is 'yes please'"),
     ("colour: blue", "unknown field 'colour'"),
     ("backend: tensorflow",
-     "field 'backend' is 'tensorflow'; expected one of onnxruntime, ctranslate2, noisy_channel, fake"),
+     "field 'backend' is 'tensorflow'; expected one of onnxruntime, ctranslate2, "
+     "noisy_channel, fake"),
 ])
 def test_bad_fields_name_the_file_field_value_and_what_is_allowed(
         tmp_path: Path, change: str, message: str) -> None:

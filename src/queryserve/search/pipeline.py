@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import ConfigError, InvalidInput
 from queryserve.repository import ModelRepository
 from queryserve.search.catalog import CATALOGS
@@ -23,6 +24,7 @@ from queryserve.search.index import CatalogIndex, load_index
 
 FILE = "pipeline.yaml"
 MAX_K = 100
+MODEL = "search"  # the KServe v2 name of the pipeline, as Triton names an ensemble
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,17 @@ class Searcher:
         self.repository = repository
         self.config = config
         self.indexes: dict[str, CatalogIndex] = {}
+        # As a KServe v2 model: a query in; the corrected query, the intent and the results
+        # (JSON text, one per query) out.
+        self.model_config = ModelConfig(
+            name=MODEL, path=config.path.parent, backend="ensemble", pipeline="search",
+            max_batch_size=64, inputs=(TensorSpec("query", "BYTES", (1,)),),
+            outputs=(TensorSpec("corrected", "BYTES", (1,)), TensorSpec("intent", "BYTES", (1,)),
+                     TensorSpec("results", "BYTES", (1,))))
+
+    def steps(self) -> list[str]:
+        """The served models the pipeline runs, in order (Triton's ensemble steps)."""
+        return [m for m in (self.config.spell, self.config.embed, self.config.intent) if m]
 
     def load(self) -> None:
         """Every catalog's index into memory (vectors and HNSW graph: about 80 MB)."""

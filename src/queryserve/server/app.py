@@ -34,6 +34,7 @@ from queryserve.errors import (
 from queryserve.pipelines.base import decode_texts
 from queryserve.repository import VERSION, Model, ModelRepository
 from queryserve.search.pipeline import FILE as SEARCH_FILE
+from queryserve.search.pipeline import MODEL as SEARCH_MODEL
 from queryserve.search.pipeline import SearchConfig, Searcher
 from queryserve.server import kserve
 from queryserve.server.http import Request, Response, json_error
@@ -76,6 +77,20 @@ def _outcome_recorded(model: Model) -> Iterator[None]:
 
 
 STATIC = Path(__file__).parent / "static"
+
+
+def _column(texts: list[str]) -> Array:
+    """Texts as a BYTES output of shape [n, 1]."""
+    array = np.empty((len(texts), 1), dtype=object)
+    array[:, 0] = texts
+    return array
+
+
+def _infer_response(body: bytes, header_length: int | None) -> Response:
+    if header_length is None:
+        return Response(200, body)
+    return Response(200, body, "application/octet-stream",
+                    [(kserve.HEADER_LENGTH, str(header_length))])
 
 
 def _json(payload: object, status: int = 200) -> Response:
@@ -178,6 +193,8 @@ class ServerApp:
 
     async def model_route(self, request: Request, name: str, version: str | None,
                           action: str | None) -> Response:
+        if name == SEARCH_MODEL and name not in self.repository.names():
+            return await self.search_model_route(request, version, action)
         if action == "ready":
             ready = name in self.repository.models and version in (None, VERSION)
             return Response(200 if ready else 400 if name in self.repository.names() else 404)
@@ -202,10 +219,43 @@ class ServerApp:
             body, header_length = kserve.encode_infer_response(
                 model.config, VERSION, parsed,
                 {model.config.outputs[0].name: result.output, **result.extra})
-        if header_length is None:
-            return Response(200, body)
-        return Response(200, body, "application/octet-stream",
-                        [(kserve.HEADER_LENGTH, str(header_length))])
+        return _infer_response(body, header_length)
+
+    async def search_model_route(self, request: Request, version: str | None,
+                                 action: str | None) -> Response:
+        """The search pipeline as a KServe v2 model (Triton's ensemble): metadata, readiness,
+        config (its steps) and inference, a query per row."""
+        if version not in (None, "", VERSION):
+            raise NotFound(f"model '{SEARCH_MODEL}' has no version '{version}'; it has version "
+                           f"{VERSION}")
+        if action == "ready":
+            return Response(200 if self.searcher is not None else 400)
+        if self.searcher is None:
+            raise self.search_error
+        config = self.searcher.model_config
+        if action == "infer":
+            if request.method != "POST":
+                raise MethodNotAllowed(f"use POST to infer with model '{SEARCH_MODEL}'")
+            parsed = kserve.decode_infer_request(request.body, request.headers, config)
+            queries = decode_texts(self._items(parsed.inputs["query"]), "input 'query'")
+            answers = await asyncio.gather(*(self.searcher.search(q) for q in queries))
+            body, header_length = kserve.encode_infer_response(config, VERSION, parsed, {
+                "corrected": _column([a["corrected"] for a in answers]),
+                "intent": _column([(a["intent"] or {}).get("intent", "") for a in answers]),
+                "results": _column([orjson.dumps(a["results"]).decode() for a in answers])})
+            return _infer_response(body, header_length)
+        if request.method != "GET":
+            raise MethodNotAllowed(f"use GET on {request.path}")
+        if action == "config":
+            return _json({"name": SEARCH_MODEL, "platform": "ensemble",
+                          "max_batch_size": config.max_batch_size,
+                          "ensemble_scheduling": {"step": [
+                              {"model_name": m, "model_version": -1}
+                              for m in self.searcher.steps()]}})
+        if action == "stats":
+            raise NotFound(f"model '{SEARCH_MODEL}' keeps no statistics of its own; its steps "
+                           f"do: {', '.join(self.searcher.steps())}")
+        return _json(model_metadata(config))
 
     def _texts(self, inputs: dict[str, list[bytes | str] | Array],
                model: Model) -> tuple[list[str], list[str] | None]:
