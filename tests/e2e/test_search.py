@@ -65,6 +65,7 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["corrected"] == "taylor swift shake it off" and body["changed"]
+    assert body["searched"] == body["corrected"]  # a sure correction is searched
     # Intent comes from the intent model alongside (MASSIVE's labels, not a music catalog's).
     assert isinstance(body["intent"]["intent"], str) and 0 < body["intent"]["score"] <= 1
     top = body["results"][0]
@@ -73,6 +74,11 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
     scores = [r["score"] for r in body["results"]]
     assert scores == sorted(scores, reverse=True)
     assert set(body["timings_ms"]) == {"spell", "embed", "ann", "intent", "total"}
+    # An unsure correction (the spell score under pipeline.yaml's min_score) is only offered:
+    # the query is searched as typed.
+    unsure = httpx.post(f"{real_server.url}/v1/search", json={"query": "wasted temas"}).json()
+    assert unsure["changed"] and unsure["spell_score"] < 0.5
+    assert unsure["searched"] == "wasted temas" != unsure["corrected"]
     products = httpx.post(f"{real_server.url}/v1/search", timeout=30,
                           json={"query": "sony turntable", "catalog": "products", "k": 3})
     assert products.status_code == 200
@@ -144,6 +150,10 @@ def test_typing_a_misspelled_song_shows_the_correction_and_the_song(
     assert "spell" in page.locator("#timings").inner_text()
     assert page.locator("#meta .intent").inner_text()  # the intent model's label, shown
     page.screenshot(path=str(ARTIFACTS / "search.png"), full_page=True)
+    # "Search instead for" the query as typed: the same page, without the correction.
+    page.locator("#meta a.typed").click()
+    page.locator("#meta .corrected").wait_for(state="detached", timeout=15_000)
+    assert "Shake It Off" in page.locator("#results").inner_text()
     page.close()
 
 

@@ -35,12 +35,15 @@ class SearchConfig:
     intent: str | None
     index: Path
     k: int
+    min_score: float
+    """Auto-correct only at this spell score or above; below it the query is searched as typed
+    and the correction is only offered ("did you mean")."""
 
     @classmethod
     def load(cls, folder: Path) -> SearchConfig:
         path = folder / FILE
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        allowed = ("spell", "embed", "intent", "index", "k")
+        allowed = ("spell", "embed", "intent", "index", "k", "min_score")
         unknown = sorted(set(raw) - set(allowed))
         if not isinstance(raw, dict) or unknown:
             raise ConfigError(f"{path}: unknown field '{unknown[0] if unknown else raw}'; "
@@ -49,6 +52,11 @@ class SearchConfig:
         if not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ConfigError(f"{path}: field 'k' is {k!r}; expected an integer from 1 to "
                               f"{MAX_K}")
+        min_score = raw.get("min_score", 0.5)
+        if isinstance(min_score, bool) or not isinstance(min_score, int | float) \
+                or not 0 <= min_score <= 1:
+            raise ConfigError(f"{path}: field 'min_score' is {min_score!r}; expected a number "
+                              "from 0 to 1")
         for field in ("spell", "embed", "intent", "index"):
             value = raw.get(field)
             if value is not None and not (isinstance(value, str) and value):
@@ -56,7 +64,7 @@ class SearchConfig:
         if not raw.get("embed"):
             raise ConfigError(f"{path}: missing required field 'embed' (the encoder model)")
         return cls(path, raw.get("spell"), raw["embed"], raw.get("intent"),
-                   folder / raw.get("index", "index"), k)
+                   folder / raw.get("index", "index"), k, float(min_score))
 
 
 class Searcher:
@@ -109,10 +117,11 @@ class Searcher:
                                float(scores[0, 0]) if scores is not None else 1.0)
             corrected, changed, score = fixed.corrected, fixed.changed, fixed.score
             timings["spell"] = _ms(started)
-        intent = (asyncio.ensure_future(self._intent(corrected))
+        searched = corrected if score >= self.config.min_score else query
+        intent = (asyncio.ensure_future(self._intent(searched))
                   if self.config.intent else None)
         at = time.perf_counter()
-        vector = (await self.repository.get(self.config.embed).pipeline.infer([corrected]))
+        vector = (await self.repository.get(self.config.embed).pipeline.infer([searched]))
         timings["embed"] = _ms(at)
         at = time.perf_counter()
         found = self.index(catalog).search(vector.output[0], k)
@@ -122,7 +131,8 @@ class Searcher:
             label, timings["intent"] = await intent
         timings["total"] = _ms(started)
         return {"query": query, "corrected": corrected, "changed": changed,
-                "spell_score": score, "intent": label, "catalog": catalog,
+                "spell_score": score, "searched": searched, "intent": label,
+                "catalog": catalog,
                 "results": [{**item.as_json(), "score": round(similarity, 4)}
                             for item, similarity in found],
                 "timings_ms": {name: round(ms, 3) for name, ms in timings.items()}}
