@@ -226,7 +226,7 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def embed_texts(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int,
+def frozen_embeddings(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int,
                 size: int = 128) -> Any:
     """Mean-pooled, normalized sentence embeddings, as the `embed` model serves them."""
     import torch
@@ -257,7 +257,8 @@ def _train_head(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path
         for i, (name, split) in enumerate([("train", massive.train),
                                            ("validation", massive.validation),
                                            ("test", massive.test)]):
-            vectors[name] = embed_texts(model, tokenizer, split.texts, recipe.max_length)
+            vectors[name] = frozen_embeddings(model, tokenizer, split.texts,
+                                              recipe.max_length)
             display.update(display.task_ids[0], completed=i + 1)
     labels = {name: torch.tensor(split.labels) for name, split in
               [("train", massive.train), ("validation", massive.validation),

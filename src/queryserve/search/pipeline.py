@@ -21,6 +21,7 @@ from queryserve.errors import ConfigError, InvalidInput
 from queryserve.repository import ModelRepository
 from queryserve.search.catalog import CATALOGS
 from queryserve.search.index import CatalogIndex, load_index
+from queryserve.spell.corrector import corrections
 
 FILE = "pipeline.yaml"
 MAX_K = 100
@@ -87,7 +88,7 @@ class Searcher:
     def load(self) -> None:
         """Every catalog's index into memory (vectors and HNSW graph: about 80 MB)."""
         for catalog in CATALOGS:
-            self.indexes[catalog] = load_index(self.config.index, catalog)
+            self.index(catalog)
 
     def index(self, catalog: str) -> CatalogIndex:
         if catalog not in self.indexes:
@@ -103,18 +104,14 @@ class Searcher:
         k = self.config.k if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidInput(f"'k' must be an integer from 1 to {MAX_K}, got {k!r}")
+        if not isinstance(spell, bool):
+            raise InvalidInput(f"'spell' must be true or false, got {spell!r}")
         timings: dict[str, float] = {}
         started = time.perf_counter()
         corrected, changed, score = query, False, 1.0
-        if not isinstance(spell, bool):
-            raise InvalidInput(f"'spell' must be true or false, got {spell!r}")
         if self.config.spell and spell:
-            from queryserve.spell.corrector import correction
-
             rows = await self.repository.get(self.config.spell).pipeline.infer([query])
-            scores = rows.extra.get("score")
-            fixed = correction(query, str(rows.output[0, 0]),
-                               float(scores[0, 0]) if scores is not None else 1.0)
+            fixed = corrections([query], rows.output[:, 0], rows.extra.get("score"))[0]
             corrected, changed, score = fixed.corrected, fixed.changed, fixed.score
             timings["spell"] = _ms(started)
         searched = corrected if score >= self.config.min_score else query

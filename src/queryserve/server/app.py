@@ -40,7 +40,7 @@ from queryserve.server import kserve
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from queryserve.server.metrics import render_metrics
-from queryserve.spell.corrector import correction
+from queryserve.spell.corrector import corrections
 from queryserve.types import TRITON_DATA_TYPES, Array
 
 log = logging.getLogger(__name__)
@@ -331,12 +331,9 @@ class ServerApp:
             if not queries:
                 raise InvalidInput("'queries' is empty; send at least one query")
             result = await model.pipeline.infer(queries)
-        scores = result.extra.get("score")
         return _json({"corrections": [
-            correction(q, str(text), float(scores[i, 0]) if scores is not None else 1.0)
-            .as_json() for i, (q, text) in enumerate(zip(queries, result.output[:, 0],
-                                                         strict=True))]})
-
+            c.as_json()
+            for c in corrections(queries, result.output[:, 0], result.extra.get("score"))]})
 
     def load_search(self) -> None:
         """The search pipeline, if the repository declares one, with its vector indexes in

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from queryserve.spell.corrector import Correction, normalized
+from queryserve.spell.corrector import Correction, correction, normalized
 from queryserve.spell.noise import (
     BUCKETS,
     MAX_EDITS,
@@ -131,7 +131,8 @@ class NoisyChannel:
         p = tables.parameters
         self.parameters = p
         self.unigrams = tables.unigrams
-        self.total = sum(self.unigrams.values())
+        # P(word) = (count + 0.1) / (all counts + 0.1 per word): the denominator, once.
+        self.unigram_total = sum(self.unigrams.values()) + 0.1 * len(self.unigrams)
         self.context = {a: (sum(c.values()), len(c)) for a, c in tables.bigrams.items()}
         self.letters = "".join(sorted({c for word in self.unigrams for c in word}))
         self.by_length: dict[int, list[str]] = defaultdict(list)
@@ -153,7 +154,7 @@ class NoisyChannel:
         count = self.unigrams.get(word)
         if count is None:
             return self.parameters.p_unknown
-        return (count + 0.1) / (self.total + 0.1 * len(self.unigrams))
+        return (count + 0.1) / self.unigram_total
 
     def language(self, previous: str, word: str) -> float:
         """log P(word | previous word), bigrams interpolated with unigrams."""
@@ -243,12 +244,7 @@ class NoisyChannel:
         return " ".join(best[last][1]), math.exp(best[last][0] + final[last] - total)
 
     def correct(self, queries: Sequence[str]) -> list[Correction]:
-        out = []
-        for query in queries:
-            typed = normalized(query)
-            corrected, score = self.correct_words(typed.split())
-            out.append(Correction(query, corrected, corrected != typed, score))
-        return out
+        return [correction(q, *self.correct_words(normalized(q).split())) for q in queries]
 
 
 def _one_edit(word: str, letters: str) -> set[str]:

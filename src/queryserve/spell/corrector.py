@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from queryserve.types import Array
+
 
 @dataclass(frozen=True, slots=True)
 class Correction:
@@ -33,6 +35,14 @@ def correction(query: str, corrected: str, score: float) -> Correction:
     """An empty generation corrects nothing: the query stands, as typed but normalized."""
     corrected = corrected or normalized(query)
     return Correction(query, corrected, corrected != normalized(query), score)
+
+
+def corrections(queries: Sequence[str], texts: Array,
+                scores: Array | None) -> list[Correction]:
+    """A served corrector's rows (its text output and, if it has one, its `score` output,
+    [n, 1] each) as corrections of `queries`; a model without scores is sure of itself."""
+    return [correction(q, str(text), float(scores[i, 0]) if scores is not None else 1.0)
+            for i, (q, text) in enumerate(zip(queries, texts, strict=True))]
 
 
 class Corrector(Protocol):
