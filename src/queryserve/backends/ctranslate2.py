@@ -10,6 +10,7 @@ own batching is off (`max_batch_size=0`), and one translator thread per instance
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ from queryserve.types import Array
 SOURCE_TOKENS = "source_tokens"
 OUTPUT_TOKENS = "output_tokens"
 OUTPUT_SCORES = "output_scores"
+
+log = logging.getLogger(__name__)
 
 
 def token_rows(rows: list[list[str]]) -> Array:
@@ -41,14 +44,30 @@ class CTranslate2Backend:
             raise ConfigError(f"{config.path / 'model.yaml'}: {path} is not a CTranslate2 model "
                               "folder (no model.bin); make one with `queryserve optimize "
                               "--task seq2seq`")
-        device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         # More intra-op threads are not always faster (on a 2-core VM a second thread made a
         # small int8 model ~9x slower): `intra_threads`, which `queryserve optimize` sets from
         # its timing, caps the threads this instance takes.
         intra = min(threads, config.parameter("intra_threads", threads))
-        self.translator = ctranslate2.Translator(
-            str(path), device=device, compute_type=config.parameter("compute_type", "default"),
-            inter_threads=1, intra_threads=intra)
+
+        def translator(device: str) -> Any:
+            return ctranslate2.Translator(
+                str(path), device=device, compute_type=config.parameter("compute_type", "default"),
+                inter_threads=1, intra_threads=intra)
+
+        device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        self.translator = translator(device)
+        if device == "cuda":
+            # A wheel built for another CUDA major version sees the GPU and loads, then fails on
+            # its first batch (ctranslate2 4.x on an H100 with CUDA 13 libraries only: "Library
+            # libcublas.so.12 is not found"; BENCHMARKS.md, GPU). Decode one token now, and
+            # serve on the CPU rather than fail every request.
+            try:
+                self.translator.translate_batch([["a"]], max_decoding_length=1)
+            except RuntimeError as exc:
+                log.warning("%s: CTranslate2 cannot run on the GPU (%s); using the CPU",
+                            config.name, exc)
+                device = "cpu"
+                self.translator = translator(device)
         self.device = device
         self.beam_size = config.parameter("beam_size", 1)
         self.max_length = config.parameter("max_output_length", 64)
