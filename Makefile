@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) -c constraints.txt -e ".[export,dev]"
 	@# perf_analyzer (bundled in the tritonclient wheel) needs Debian's libb64; the browser
 	@# tests drive Debian's chromium through Playwright (no browser download).
-	@dpkg -s libb64-0d chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-		(apt-get update -qq && apt-get install -y -qq libb64-0d chromium >/dev/null) || \
+	@dpkg -s libb64-0d chromium iproute2 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq libb64-0d chromium iproute2 >/dev/null) || \
 		echo "note: install Debian's libb64-0d and chromium (perf_analyzer, browser tests)"; }
 	touch $(STAMP)
 

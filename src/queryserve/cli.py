@@ -13,6 +13,12 @@ from queryserve.bench.command import (
     run_bench_command,
     run_recommend_command,
 )
+from queryserve.duplicates.command import (
+    add_batch_parser,
+    add_duplicates_parser,
+    run_batch_command,
+    run_duplicates_train_command,
+)
 from queryserve.errors import QueryServeError
 from queryserve.intent.command import add_intent_parser, run_intent_train_command
 from queryserve.optimize.command import add_optimize_parser, run_optimize_command
@@ -70,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     tasks = train.add_subparsers(dest="task", required=True)
     add_spell_parsers(tasks)
     add_intent_parser(tasks)
+    add_duplicates_parser(tasks)
     add_eval_parser(commands)
+    add_batch_parser(commands)
     return parser
 
 
@@ -92,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
             run_recommend_command(args)
         elif args.command == "train" and args.task == "intent":
             run_intent_train_command(args)
+        elif args.command == "train" and args.task == "duplicates":
+            run_duplicates_train_command(args)
         elif args.command == "train":
             run_spell_train_command(args)
+        elif args.command == "batch":
+            run_batch_command(args)
         elif args.command == "eval":
             run_eval_command(args)
         elif args.command == "optimize":

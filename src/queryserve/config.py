@@ -20,7 +20,8 @@ from queryserve.errors import ConfigError
 from queryserve.types import NUMPY_DTYPES
 
 BACKENDS = ("onnxruntime", "ctranslate2", "noisy_channel", "fake")
-PIPELINES = ("text_embedding", "text_classification", "text2text", "spelling")
+PIPELINES = ("text_embedding", "text_classification", "pair_scoring", "text2text",
+             "spelling")
 
 T = TypeVar("T")
 
@@ -75,7 +76,9 @@ class ModelConfig:
     backend: str
     pipeline: str
     """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
-    pair texts -> probabilities), both in pipelines/text_embedding.py; or `text2text` (texts ->
+    pair texts -> probabilities), both in pipelines/text_embedding.py; or `pair_scoring` (text
+    pairs -> the probability that they are one product: a bi-encoder and `head.npz`), in
+    pipelines/pair_scoring.py; or `text2text` (texts ->
     generated texts, with the ctranslate2 backend), in pipelines/text2text.py; or `spelling`
     (queries -> corrected queries, with the noisy_channel backend), in pipelines/spelling.py."""
     max_batch_size: int

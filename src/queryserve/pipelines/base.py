@@ -88,8 +88,9 @@ class TextPipeline(ABC, Generic[P, R]):
         """On the instance thread: the backend's inputs for a batch."""
 
     @abstractmethod
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[R]:
-        """On the instance thread: one row per item of the batch."""
+    def split(self, outputs: dict[str, Array], payloads: Sequence[P]) -> Sequence[R]:
+        """On the instance thread: one row per item of the batch (the payloads as collated, for
+        what a row needs beyond the outputs)."""
 
     def extras(self, rows: Sequence[R]) -> dict[str, Array]:
         """Outputs beyond the first, by name; none unless a pipeline has them."""

@@ -22,7 +22,8 @@ class Spelling(GeneratedText):
     def collate(self, payloads: Sequence[list[str]]) -> dict[str, Array]:
         return {WORDS: token_rows(list(payloads))}
 
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[Generation]:
+    def split(self, outputs: dict[str, Array],
+              payloads: Sequence[list[str]]) -> Sequence[Generation]:
         return [Generation(str(text), float(score))
                 for text, score in zip(outputs[OUTPUT_TEXTS], outputs[OUTPUT_SCORES],
                                        strict=True)]

@@ -97,5 +97,6 @@ class TextToText(GeneratedText):
     def collate(self, payloads: Sequence[list[str]]) -> dict[str, Array]:
         return {SOURCE_TOKENS: token_rows(list(payloads))}
 
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[Generation]:
+    def split(self, outputs: dict[str, Array],
+              payloads: Sequence[list[str]]) -> Sequence[Generation]:
         return generations(self.tokenizer, outputs)

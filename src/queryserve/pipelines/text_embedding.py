@@ -90,5 +90,5 @@ class TextEmbedding(TextPipeline[Array, Array]):
             inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
         return inputs
 
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[Array]:
+    def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
         return list(outputs[self.output_name])

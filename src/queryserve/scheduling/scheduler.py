@@ -41,7 +41,7 @@ class Stages(Protocol[P_in, R_out]):
 
     def collate(self, payloads: Sequence[P_in]) -> dict[str, Array]: ...
 
-    def split(self, outputs: dict[str, Array], count: int) -> Sequence[R_out]: ...
+    def split(self, outputs: dict[str, Array], payloads: Sequence[P_in]) -> Sequence[R_out]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +165,7 @@ class Scheduler(Generic[P, R]):
         t1 = time.perf_counter()
         outputs = backend.run(inputs)
         t2 = time.perf_counter()
-        rows = self.stages.split(outputs, len(payloads))
+        rows = self.stages.split(outputs, payloads)
         t3 = time.perf_counter()
         return rows, BatchTimes(t1 - t0, t2 - t1, t3 - t2)
 

@@ -60,18 +60,24 @@ def embed_texts(encoder: Path, texts: Sequence[str],
     config = load_model_config(encoder / "model.yaml")
     tokenizer = load_tokenizer(config)
     backend = create_backend(config, os.cpu_count() or 1)
-    output = config.outputs[0].name
+    # A pair_scoring model's first output is its probability; its encoder's is named apart.
+    output = config.parameter("embedding_output", config.outputs[0].name)
     ids = [e.ids for e in tokenizer.encode_batch(list(texts))]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    vectors = np.zeros((len(ids), config.outputs[0].dims[-1]), dtype=np.float32)
+    vectors: Array | None = None
     for start in range(0, len(order), EMBED_BATCH):
         rows = order[start:start + EMBED_BATCH]
         inputs = pad_token_ids([ids[i] for i in rows])
         if "token_type_ids" in backend.input_names:
             inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
-        vectors[rows] = backend.run(inputs)[output]
+        batch = backend.run(inputs)[output]
+        if vectors is None:
+            vectors = np.zeros((len(ids), batch.shape[1]), dtype=np.float32)
+        vectors[rows] = batch
         if on_batch:
             on_batch(len(rows))
+    if vectors is None:
+        return np.zeros((0, 0), dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     unit: Array = vectors / np.maximum(norms, 1e-12)
     return unit

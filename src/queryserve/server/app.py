@@ -117,6 +117,7 @@ class ServerApp:
             "/v1/embeddings": self.openai_embeddings,
             "/v1/spell": self.spell,
             "/v1/intent": self.intent,
+            "/v1/duplicates": self.duplicates,
             "/v1/search": self.search,
             "/v2/repository/index": self.repository_index,
         }
@@ -395,6 +396,38 @@ class ServerApp:
             {"query": q, "intents": [{"intent": names[j], "score": float(probabilities[i, j])}
                                      for j in best[i]]}
             for i, q in enumerate(queries)]})
+
+    async def duplicates(self, request: Request) -> Response:
+        """`{"pairs": [[a, b], ...]}` -> `{"results": [{"probability", "duplicate"}]}`: whether
+        each pair of product texts names one product, by model `duplicates` (or the
+        pair_scoring model named by `"model"`) at its threshold (or `"threshold"`)."""
+        body = kserve.parse_json(request.body)
+        example = ('e.g. {"pairs": [["sony cyber-shot dsc-w120 pink", '
+                   '"sony dscw120p 7.2mp digital camera"]]}')
+        if not isinstance(body, dict) or not isinstance(body.get("pairs"), list):
+            raise InvalidInput(f'the body must be a JSON object with "pairs": a list of '
+                               f'[text, text] pairs, {example}')
+        model = self._model_for(body.get("model", "duplicates"), ("pair_scoring",),
+                                "/v1/duplicates", "duplicates")
+        threshold = body.get("threshold", model.pipeline.threshold)  # type: ignore[attr-defined]
+        if not isinstance(threshold, int | float) or isinstance(threshold, bool) \
+                or not 0 <= threshold <= 1:
+            raise InvalidInput(f"'threshold' must be a number from 0 to 1, got {threshold!r}")
+        with _outcome_recorded(model):
+            pairs = self._items(body["pairs"])
+            if not pairs:
+                raise InvalidInput(f"'pairs' is empty; send at least one pair, {example}")
+            texts: list[list[str]] = []
+            for i, pair in enumerate(pairs):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise InvalidInput(f"pairs[{i}] must be a list of two texts, got "
+                                       f"{str(pair)[:80]}")
+                texts.append(decode_texts(pair, f"pairs[{i}]"))
+            lefts, rights = [a for a, _ in texts], [b for _, b in texts]
+            result = await model.pipeline.infer(lefts, None, rights)
+        return _json({"threshold": threshold, "results": [
+            {"probability": float(p), "duplicate": bool(p >= threshold)}
+            for p in result.output[:, 0]]})
 
 
 def model_metadata(config: ModelConfig) -> dict[str, object]:

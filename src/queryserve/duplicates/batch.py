@@ -1,0 +1,292 @@
+"""`queryserve batch duplicates`: find the duplicate products within one table or across two.
+
+The job never scores all n x m pairs. It runs in stages, each kept on disk in a work folder
+beside the output (`OUTPUT.parts/`), so that a rerun after a crash or a kill resumes where the
+last one stopped, without lost or duplicated rows:
+
+1. embed: each product is encoded once by the served duplicates encoder (`embeddings-N.npy`);
+2. block: candidate pairs are each product's `block_k` nearest neighbours in the other table
+   (both ways; exact inner product with faiss), plus the pairs that share a rare model number
+   (`candidates.npy`, sorted, so every run cuts the same parts);
+3. score: the pair head, part by part (`part-NNNNN.parquet`, each written to a temporary file
+   and renamed, so a part is whole or absent);
+4. join: the parts, in order, into OUTPUT (again written whole, then renamed); the work folder
+   is removed.
+
+`job.json` records what the work folder was made from (the inputs' sizes and times, the model,
+the settings); a rerun with anything different is refused instead of mixing two jobs' rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from queryserve.duplicates.features import features_array, model_codes
+from queryserve.duplicates.head import FILE as HEAD
+from queryserve.duplicates.head import PairHead
+from queryserve.duplicates.products import DuplicatesError
+from queryserve.duplicates.tables import WRITES, Products, read_pairs, read_products, write_pairs
+from queryserve.types import Array
+
+ENGINES = ("local", "ray")
+MAX_CODE_BLOCK = 20  # a model number shared by more products than this is not a model number
+COLUMNS = ("left_id", "right_id", "probability", "duplicate")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    model: Path = Path("model_repository/duplicates")
+    block_k: int = 10
+    min_probability: float | None = None  # rows kept in the output; None: the model's threshold
+    part_size: int = 20_000
+    max_parts: int | None = None  # score at most this many parts in this run, then stop
+    engine: str = "local"
+    ray_address: str | None = None
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where a job's files are, and how to score one of its parts (a pure function of files,
+    so any process, a Ray worker too, can score any part)."""
+
+    work: Path
+    model: Path
+    tables: int
+    part_size: int
+    min_probability: float
+
+    def embeddings(self, table: int) -> Path:
+        return self.work / f"embeddings-{table}.npy"
+
+    @property
+    def candidates(self) -> Path:
+        return self.work / "candidates.npy"
+
+    def part(self, number: int) -> Path:
+        return self.work / f"part-{number:05d}.parquet"
+
+    def texts(self, table: int) -> list[str]:
+        return json.loads((self.work / f"texts-{table}.json").read_text())  # type: ignore[no-any-return]
+
+    def ids(self, table: int) -> list[str]:
+        return json.loads((self.work / f"ids-{table}.json").read_text())  # type: ignore[no-any-return]
+
+
+def _save_array(path: Path, array: Array) -> None:
+    temporary = path.with_name(f".{path.stem}.tmp.npy")
+    np.save(temporary, array)
+    os.replace(temporary, path)
+
+
+def _save_json(path: Path, value: object) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(value))
+    os.replace(temporary, path)
+
+
+def _fingerprint(inputs: Sequence[Path], options: BatchOptions) -> dict[str, object]:
+    from queryserve.search.index import encoder_fingerprint
+
+    return {"inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size,
+                        "modified_ns": p.stat().st_mtime_ns} for p in inputs],
+            "encoder": encoder_fingerprint(options.model),
+            "head": (options.model / HEAD).stat().st_size,
+            "block_k": options.block_k, "part_size": options.part_size,
+            "min_probability": options.min_probability}
+
+
+def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> Array:
+    """Candidate pairs [m, 2] (row in table 0, row in the other table; for one table, i < j),
+    sorted: nearest neighbours both ways, and pairs sharing a rare model number."""
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its INFO lines are noise
+    import faiss
+
+    same = len(vectors) == 1
+    left, right = vectors[0], vectors[-1]
+    pairs: set[tuple[int, int]] = set()
+
+    def neighbours(queries: Array, base: Array) -> Array:
+        index = faiss.IndexFlatIP(base.shape[1])
+        index.add(base)
+        _, found = index.search(queries, min(k + same, base.shape[0]))
+        return found
+
+    for i, row in enumerate(neighbours(left, right)):
+        for j in row[row >= 0]:
+            if not same:
+                pairs.add((i, int(j)))
+            elif i != j:
+                pairs.add((min(i, int(j)), max(i, int(j))))
+    if not same:
+        for j, row in enumerate(neighbours(right, left)):
+            pairs.update((int(i), j) for i in row[row >= 0])
+    codes: dict[str, list[int]] = defaultdict(list)
+    for j, text in enumerate(texts[-1]):
+        for code in model_codes(text.lower()):
+            codes[code].append(j)
+    for i, text in enumerate(texts[0]):
+        for code in model_codes(text.lower()):
+            rows = codes.get(code, [])
+            if len(rows) <= MAX_CODE_BLOCK:
+                pairs.update((i, j) if not same else (min(i, j), max(i, j))
+                             for j in rows if not same or i != j)
+    return np.asarray(sorted(pairs), dtype=np.int32).reshape(-1, 2)
+
+
+def score_part(job: Job, number: int) -> int:
+    """Score part `number` and write it (whole or not at all); returns the pairs scored."""
+    candidates = np.load(job.candidates, mmap_mode="r")
+    rows = np.asarray(candidates[number * job.part_size:(number + 1) * job.part_size])
+    head = PairHead.load(job.model)
+    last = job.tables - 1
+    u = np.load(job.embeddings(0), mmap_mode="r")[rows[:, 0]]
+    v = np.load(job.embeddings(last), mmap_mode="r")[rows[:, 1]]
+    left_texts, right_texts = job.texts(0), job.texts(last)
+    features = features_array([(left_texts[i], right_texts[j]) for i, j in rows])
+    probability = head.probability(u, v, features)
+    keep = probability >= job.min_probability
+    left_ids, right_ids = job.ids(0), job.ids(last)
+    write_pairs(job.part(number), {
+        "left_id": [left_ids[i] for i in rows[keep, 0]],
+        "right_id": [right_ids[j] for j in rows[keep, 1]],
+        "probability": probability[keep].tolist(),
+        "duplicate": (probability[keep] >= head.threshold).tolist()})
+    return len(rows)
+
+
+def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = BatchOptions(),
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) the job; returns its summary. Raises DuplicatesError on bad input."""
+    if not 1 <= len(inputs) <= 2:
+        raise DuplicatesError("give one product table (duplicates within it) or two "
+                              "(duplicates across them)")
+    if output.suffix.lower() not in WRITES:
+        raise DuplicatesError(f"{output}: the output must be {' or '.join(WRITES)}")
+    if options.engine not in ENGINES:
+        raise DuplicatesError(f"engine {options.engine!r} is not one of {', '.join(ENGINES)}")
+    if options.block_k < 1 or options.part_size < 1:
+        raise DuplicatesError("--block-k and --part-size must be positive")
+    if not (options.model / HEAD).is_file() or not (options.model / "model.yaml").is_file():
+        raise DuplicatesError(f"{options.model} is not a prepared duplicates model (model.yaml "
+                              "and head.npz); run `queryserve prepare`")
+    work = output.with_name(output.name + ".parts")
+    if output.exists() and not work.exists():
+        raise DuplicatesError(f"{output} already exists; remove it or choose another output")
+    tables = [read_products(p) for p in inputs]  # bad tables are refused before any work
+    head = PairHead.load(options.model)
+    minimum = head.threshold if options.min_probability is None else options.min_probability
+    job = Job(work, options.model, len(inputs), options.part_size, minimum)
+    fingerprint = _fingerprint(inputs, options)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    work.mkdir(parents=True, exist_ok=True)
+    recorded = work / "job.json"
+    if recorded.is_file() and json.loads(recorded.read_text()) != fingerprint:
+        raise DuplicatesError(f"{work} holds the parts of a different job (other inputs, model "
+                              "or settings); remove it to start again, or rerun the same job")
+    _save_json(recorded, fingerprint)
+    resumed = any(work.glob("part-*.parquet"))
+    with _display(options.progress) as display:
+        t = time.perf_counter()
+        vectors = [_embed(job, n, products, display) for n, products in enumerate(tables)]
+        timings["embed_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if not job.candidates.is_file():
+            task = display.add_task("blocking", total=None, status="")
+            _save_array(job.candidates, block(vectors, [p.texts for p in tables],
+                                              options.block_k))
+            display.update(task, total=1, completed=1)
+        timings["block_s"] = time.perf_counter() - t
+        count = int(np.load(job.candidates, mmap_mode="r").shape[0])
+        parts = -(-count // options.part_size)
+        todo = [n for n in range(parts) if not job.part(n).is_file()]
+        if options.max_parts is not None:
+            todo = todo[:options.max_parts]
+        t = time.perf_counter()
+        scored = _score(job, todo, parts, options, display)
+        timings["score_s"] = time.perf_counter() - t
+    summary: dict[str, Any] = {
+        "products": [len(p.ids) for p in tables], "candidate_pairs": count, "parts": parts,
+        "parts_scored_now": len(todo), "resumed": resumed,
+        "pairs_per_second": round(scored / timings["score_s"], 1) if scored else None}
+    if any(not job.part(n).is_file() for n in range(parts)):
+        log(f"stopped after {len(todo)} part(s); run the same command again to go on")
+        return {**summary, "complete": False, **_rounded(timings)}
+    t = time.perf_counter()
+    joined: dict[str, list[object]] = {c: [] for c in COLUMNS}
+    for n in range(parts):
+        for column, values in read_pairs(job.part(n)).items():
+            joined[column].extend(values)
+    write_pairs(output, joined)
+    shutil.rmtree(work)
+    timings["join_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - started
+    duplicates = sum(bool(d) for d in joined["duplicate"])
+    log(f"{output}: {len(joined['left_id']):,} pairs with probability >= {minimum:.2f} "
+        f"({duplicates:,} duplicates at {head.threshold:.2f}) from {count:,} candidates")
+    return {**summary, "complete": True, "rows": len(joined["left_id"]),
+            "duplicates": duplicates, **_rounded(timings)}
+
+
+def _rounded(timings: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in timings.items()}
+
+
+def _embed(job: Job, table: int, products: Products, display: Any) -> Array:
+    from queryserve.search.index import embed_texts
+
+    path = job.embeddings(table)
+    if not path.is_file():
+        task = display.add_task(f"embedding {products.path.name}", total=len(products.texts),
+                                status="")
+        vectors = embed_texts(job.model, products.texts,
+                              lambda n: display.advance(task, n))
+        _save_json(job.work / f"texts-{table}.json", products.texts)
+        _save_json(job.work / f"ids-{table}.json", products.ids)
+        _save_array(path, vectors)  # last: its presence means the table is done
+    return np.load(path)  # type: ignore[no-any-return]
+
+
+def _score(job: Job, todo: list[int], parts: int, options: BatchOptions, display: Any) -> int:
+    task = display.add_task("scoring pairs", total=parts, completed=parts - len(todo),
+                            status=f"{options.engine} engine")
+    if options.engine == "ray":
+        from queryserve.duplicates.ray_engine import score_parts
+
+        return score_parts(job, todo, options.ray_address,
+                           lambda: display.advance(task))
+    scored = 0
+    for number in todo:
+        scored += score_part(job, number)
+        display.advance(task)
+    return scored
+
+
+def _display(progress: bool) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[status]}"), disable=not progress)
+
+
+def options_record(options: BatchOptions) -> dict[str, object]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}

@@ -1,0 +1,92 @@
+"""`queryserve train duplicates`: argument parsing only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from queryserve.duplicates.products import DATA
+from queryserve.duplicates.train import METHODS
+
+
+def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = tasks.add_parser(
+        "duplicates", help="train the product-duplicates detector (Abt-Buy, Amazon-Google, "
+                           "Walmart-Amazon) on the MiniLM encoder")
+    parser.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
+                                               "layout, head.npz) and TRAINING.json")
+    parser.add_argument("--method", choices=METHODS, default="finetune",
+                        help="finetune: encoder and head together; head: the head alone on the "
+                             "frozen encoder, for comparison (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32, help="pairs per step")
+    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="use only the first N pairs of each split (a quick try)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help="the datasets' deepmatcher_split folders (default: %(default)s)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run_duplicates_train_command(args: argparse.Namespace) -> None:
+    from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
+    from queryserve.optimize.report import quiet_logs
+
+    quiet_logs()
+    recipe = DuplicatesRecipe(method=args.method, epochs=args.epochs,
+                              batch_size=args.batch_size, learning_rate=args.learning_rate,
+                              max_steps=args.max_steps, limit=args.limit, seed=args.seed)
+    record = train_duplicates(args.out, recipe, args.data, progress=not args.no_progress)
+    print(json.dumps(record, indent=2))
+
+
+def add_batch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from queryserve.duplicates.batch import ENGINES, BatchOptions
+
+    defaults = BatchOptions()
+    batch = commands.add_parser("batch", help="run a batch job over tables")
+    jobs = batch.add_subparsers(dest="job", required=True)
+    parser = jobs.add_parser(
+        "duplicates", help="find duplicate products within one table or across two, with "
+                           "blocking (never all pairs); resumable",
+        description="Find duplicate products within one table (INPUT OUTPUT) or across two "
+                    "(INPUT INPUT2 OUTPUT). Tables: CSV, Parquet or JSONL with a title or name "
+                    "column (and brand, modelno, description where there are). OUTPUT: "
+                    ".parquet or .csv with left_id, right_id, probability, duplicate. A run "
+                    "that is killed resumes from OUTPUT.parts/ when run again.")
+    parser.add_argument("paths", type=Path, nargs="+", metavar="INPUT [INPUT2] OUTPUT")
+    parser.add_argument("--model", type=Path, default=defaults.model,
+                        help="prepared duplicates model folder (default: %(default)s)")
+    parser.add_argument("--block-k", type=int, default=defaults.block_k,
+                        help="nearest neighbours per product that become candidate pairs "
+                             "(default: %(default)s)")
+    parser.add_argument("--min-probability", type=float, default=None,
+                        help="keep pairs scored at least this (default: the model's "
+                             "threshold, i.e. the duplicates only; 0 keeps every candidate)")
+    parser.add_argument("--part-size", type=int, default=defaults.part_size,
+                        help="candidate pairs per part file (default: %(default)s)")
+    parser.add_argument("--max-parts", type=int, default=None,
+                        help="score at most this many parts in this run, then stop; run again "
+                             "to go on")
+    parser.add_argument("--engine", choices=ENGINES, default=defaults.engine,
+                        help="local: this process; ray: Ray Data workers (default: "
+                             "%(default)s)")
+    parser.add_argument("--ray-address", default=None,
+                        help="a Ray cluster's address for --engine ray (default: start a "
+                             "local Ray on 127.0.0.1)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run_batch_command(args: argparse.Namespace) -> None:
+    from queryserve.duplicates.batch import BatchOptions, run_batch
+    from queryserve.duplicates.products import DuplicatesError
+
+    if not 2 <= len(args.paths) <= 3:
+        raise DuplicatesError("usage: queryserve batch duplicates INPUT [INPUT2] OUTPUT")
+    options = BatchOptions(args.model, args.block_k, args.min_probability, args.part_size,
+                           args.max_parts, args.engine, args.ray_address, not args.no_progress)
+    summary = run_batch(args.paths[:-1], args.paths[-1], options)
+    print(json.dumps(summary, indent=2))

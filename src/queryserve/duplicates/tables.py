@@ -1,0 +1,100 @@
+"""Product tables in and pair tables out, for the batch job: CSV (any of , | # ; or tab as the
+separator, found from the header), Parquet or JSONL in; Parquet or CSV out, written atomically.
+
+A product's id is its `id` column, or its row number (from 0) when the table has none.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from queryserve.duplicates.products import TITLE_COLUMNS, DuplicatesError, product_text
+
+READS = (".csv", ".tsv", ".txt", ".parquet", ".jsonl")
+WRITES = (".parquet", ".csv")
+SEPARATORS = ",|#;\t"
+
+
+@dataclass(frozen=True)
+class Products:
+    path: Path
+    ids: list[str]
+    texts: list[str]
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+        except Exception as error:  # pyarrow raises several kinds; the user needs one line
+            raise DuplicatesError(f"{path} is not a readable Parquet file ({error})") from None
+    if suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DuplicatesError(f"{path}:{number}: not JSON ({error.msg})") from None
+                if not isinstance(row, dict):
+                    raise DuplicatesError(f"{path}:{number}: expected a JSON object per line")
+                rows.append(row)
+        return rows
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        header = f.readline()
+        separator = max(SEPARATORS, key=header.count)
+        f.seek(0)
+        return list(csv.DictReader(f, delimiter=separator))
+
+
+def read_products(path: Path) -> Products:
+    if not path.is_file():
+        raise DuplicatesError(f"{path} does not exist")
+    if path.suffix.lower() not in READS:
+        raise DuplicatesError(f"{path}: expected a product table ({', '.join(READS)})")
+    rows = _rows(path)
+    if not rows:
+        raise DuplicatesError(f"{path} holds no products")
+    columns = {str(k).lower().strip() for k in rows[0]}
+    if not columns & set(TITLE_COLUMNS):
+        raise DuplicatesError(f"{path} has no title column: expected one of "
+                              f"{', '.join(TITLE_COLUMNS)}; it has {', '.join(sorted(columns))}")
+    ids = [_id(row, n) for n, row in enumerate(rows)]
+    if len(set(ids)) != len(ids):
+        raise DuplicatesError(f"{path}: the id column repeats ids; ids must be unique")
+    return Products(path, ids, [product_text(row) for row in rows])
+
+
+def _id(row: Mapping[str, object], number: int) -> str:
+    value = row.get("id", row.get("ID"))
+    return str(number) if value is None or str(value).strip() == "" else str(value).strip()
+
+
+def write_pairs(path: Path, columns: Mapping[str, Sequence[object]]) -> None:
+    """Write atomically: a reader sees the whole table or none (a temporary file, renamed)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    if path.suffix.lower() == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({k: list(v) for k, v in columns.items()}), temporary)
+    else:
+        with temporary.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(zip(*columns.values(), strict=True))
+    os.replace(temporary, path)
+
+
+def read_pairs(path: Path) -> dict[str, list[object]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pydict()  # type: ignore[no-any-return]

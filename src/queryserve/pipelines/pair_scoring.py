@@ -1,0 +1,84 @@
+"""`pair_scoring`: two texts in, the probability that they name the same product out.
+
+A bi-encoder with a head (`queryserve.duplicates`): each text is embedded on its own by the
+encoder (mean-pooled, normalized, in the graph), and a small numpy MLP (`head.npz`) scores the
+pair from the two embeddings and a few string features. A batch of n pairs is one encoder run
+over its 2n texts, padded together; the head runs right after, on the same instance thread.
+
+The string features are computed with the tokenization, on the event loop (tens of
+microseconds a pair), and travel in the payload to the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from queryserve.backends import Backend
+from queryserve.config import ModelConfig
+from queryserve.duplicates.features import features_array
+from queryserve.duplicates.head import PairHead
+from queryserve.errors import InvalidInput
+from queryserve.pipelines.base import TextPipeline
+from queryserve.pipelines.text_embedding import pad_token_ids
+from queryserve.scheduling.stats import ModelStats
+from queryserve.types import Array
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    left: Array  # token ids
+    right: Array
+    features: Array  # features.FEATURES, for the head
+
+
+class PairScoring(TextPipeline[Pair, float]):
+    def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
+                 tokenizer: Tokenizer) -> None:
+        super().__init__(config, backends, stats)
+        self.tokenizer = tokenizer
+        self.head = PairHead.load(config.path)
+        self.embedding = config.parameter("embedding_output", "embedding")
+        self.wants_token_types = "token_type_ids" in backends[0].input_names
+
+    @property
+    def threshold(self) -> float:
+        return self.head.threshold
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[Pair]:
+        if pairs is None:
+            raise InvalidInput(f"model '{self.config.name}' scores pairs of texts: send both "
+                               "inputs, 'text' and 'text_pair'")
+        encodings = self.tokenizer.encode_batch([*texts, *pairs])
+        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        features = features_array(list(zip(texts, pairs, strict=True)))
+        n = len(texts)
+        return [Pair(ids[i], ids[n + i], features[i]) for i in range(n)]
+
+    def count(self, payload: Pair) -> int:
+        return len(payload.left) + len(payload.right)
+
+    def stack(self, rows: Sequence[float]) -> Array:
+        return np.asarray(rows, dtype=np.float32).reshape(len(rows), 1)
+
+    def warmup(self) -> None:
+        for sample in self.config.model_warmup:
+            texts = [sample.text] * sample.batch_size
+            self.scheduler.run_now(self.encode(texts, texts))
+
+    # -- batch stages, on an instance's thread ------------------------------------------------
+
+    def collate(self, payloads: Sequence[Pair]) -> dict[str, Array]:
+        inputs = pad_token_ids([p.left for p in payloads] + [p.right for p in payloads])
+        if self.wants_token_types:
+            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
+        return inputs
+
+    def split(self, outputs: dict[str, Array], payloads: Sequence[Pair]) -> Sequence[float]:
+        vectors = outputs[self.embedding]
+        n = len(payloads)
+        features = np.stack([p.features for p in payloads])
+        return self.head.probability(vectors[:n], vectors[n:], features).tolist()  # type: ignore[no-any-return]

@@ -1,0 +1,306 @@
+"""Product duplicates end to end, as a user runs them: `queryserve train duplicates` for a few
+steps on a tiny copy of the DeepMatcher splits, `queryserve prepare`'s compilation of it, a real
+server answering `/v1/duplicates` and KServe v2 `duplicates`, and `queryserve batch duplicates`
+on real product tables: run whole, stopped and resumed, killed and resumed, and on a local Ray
+inside a loopback-only network namespace.
+
+A few steps of training do not make a good detector, so the tiny runs check the plumbing and
+its contracts; the committed model's F1 is in BENCHMARKS.md and its TRAINING.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from queryserve import cli
+from queryserve.duplicates.features import features_array
+from queryserve.duplicates.head import PairHead
+from queryserve.duplicates.tables import read_pairs
+from tests.conftest import REPOSITORY, ROOT, RunningServer, start_server, stop_server
+
+SPLITS = ROOT / "data/product-matching"
+RECALL, PRECISION = 0.5, 0.5  # the committed model's, on a slice of Walmart-Amazon
+TABLES = SPLITS / "walmart-amazon" / "tables"
+PAIRS = [["sony cyber-shot dsc-w120 7.2mp digital camera pink",
+          "sony dscw120p cyber-shot 7.2 megapixel camera pink"],
+         ["sony cyber-shot dsc-w120 7.2mp digital camera pink",
+          "garmin nuvi 350 gps navigator"]]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 60 pairs of every split of every dataset."""
+    folder = tmp_path_factory.mktemp("deepmatcher")
+    for split_file in SPLITS.glob("*/deepmatcher_split/*.txt"):
+        target = folder / split_file.parent.parent.name / "deepmatcher_split" / split_file.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("\n".join(split_file.read_text().splitlines()[:60]) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
+    out = tmp_path_factory.mktemp("train") / "duplicates"
+    assert cli.main(["train", "duplicates", str(out), "--data", str(data), "--max-steps", "3",
+                     "--epochs", "1", "--batch-size", "8", "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Path:
+    from queryserve.prepare import prepare_duplicates
+
+    repository = tmp_path_factory.mktemp("repo")
+    prepare_duplicates(repository, source_dir=trained, progress=False)
+    return repository
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, repository: Path) -> Iterator[RunningServer]:
+    server = start_server(repository, tmp_path_factory.mktemp("server") / "server.log")
+    yield server
+    stop_server(server)
+
+
+def test_training_writes_an_encoder_a_head_and_its_figures(trained: Path) -> None:
+    record = json.loads((trained / "TRAINING.json").read_text())
+    assert record["steps"] == 3 and record["recipe"]["method"] == "finetune"
+    assert set(record["test_f1"]) == {"abt-buy", "amazon-google", "walmart-amazon"}
+    assert all(0 <= f <= 100 for f in record["test_f1"].values())
+    head = PairHead.load(trained)
+    assert head.w1.shape == (2 * 384 + 1 + 5, 256) and 0 < head.threshold < 1
+    # Read by `queryserve optimize` as mean-pooled and normalized, 64 tokens long.
+    assert json.loads((trained / "sentence_bert_config.json").read_text())[
+        "max_seq_length"] == 64
+    assert (trained / "modules.json").is_file() and (trained / "model.safetensors").is_file()
+
+
+def test_head_method_and_bad_input(data: Path, trained: Path, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "head"
+    assert cli.main(["train", "duplicates", str(out), "--method", "head", "--data", str(data),
+                     "--epochs", "1", "--no-progress"]) == 0
+    assert json.loads((out / "TRAINING.json").read_text())["recipe"]["method"] == "head"
+    assert (out / "head.npz").is_file() and not (out / "model.safetensors").exists()
+    assert cli.main(["train", "duplicates", str(trained), "--data", str(data)]) == 1
+    assert "already holds a trained model" in capsys.readouterr().err
+    assert cli.main(["train", "duplicates", str(tmp_path / "x"), "--data", str(tmp_path)]) == 1
+    assert "train.txt is missing" in capsys.readouterr().err
+
+
+def test_served_probabilities_are_the_models_own(served: RunningServer, repository: Path) -> None:
+    """The pipeline (one encoder run over both sides of every pair, the head after it) gives
+    what the folder's encoder and head give when run directly."""
+    from queryserve.search.index import embed_texts
+
+    folder = repository / "duplicates"
+    texts = [t for pair in PAIRS for t in pair]
+    vectors = embed_texts(folder, texts)
+    expected = PairHead.load(folder).probability(
+        vectors[0::2], vectors[1::2], features_array([(a, b) for a, b in PAIRS]))
+    answer = httpx.post(f"{served.url}/v1/duplicates", json={"pairs": PAIRS}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    got = [r["probability"] for r in body["results"]]
+    assert got == pytest.approx(expected.tolist(), abs=1e-4)
+    assert [r["duplicate"] for r in body["results"]] == [p >= body["threshold"] for p in got]
+    # The pair's order does not matter (the head is symmetric).
+    swapped = httpx.post(f"{served.url}/v1/duplicates",
+                         json={"pairs": [[b, a] for a, b in PAIRS]}).json()
+    assert [r["probability"] for r in swapped["results"]] == pytest.approx(got, abs=1e-4)
+    # KServe v2, as tritonclient sends it: two BYTES inputs.
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(served.url.removeprefix("http://"))
+    inputs = []
+    for name, column in (("text", [a for a, _ in PAIRS]), ("text_pair", [b for _, b in PAIRS])):
+        tensor = triton.InferInput(name, [len(PAIRS), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array(column, dtype=object).reshape(-1, 1))
+        inputs.append(tensor)
+    result = client.infer("duplicates", inputs)
+    assert result.as_numpy("probability")[:, 0].tolist() == pytest.approx(got, abs=1e-4)
+
+
+def test_bad_duplicates_requests_are_refused_in_words(served: RunningServer) -> None:
+    for body, words in [({"pairs": "a"}, '"pairs": a list'),
+                        ({"pairs": []}, "'pairs' is empty"),
+                        ({"pairs": [["a"]]}, "pairs[0] must be a list of two texts"),
+                        ({"pairs": [["a", ""]]}, "pairs[0][1] is empty"),
+                        ({"pairs": [["a", "b"]], "threshold": 2}, "'threshold' must be"),
+                        ({"pairs": [["a", "b"]], "model": "nope"}, "unknown model 'nope'")]:
+        bad = httpx.post(f"{served.url}/v1/duplicates", json=body)
+        assert bad.status_code in (400, 404) and words in bad.json()["error"], bad.text
+    assert "Traceback" not in served.log_text()
+
+
+# -- the batch job -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """200 Walmart products and 600 Amazon ones, their true matches among them."""
+    import csv
+
+    folder = tmp_path_factory.mktemp("tables")
+    with (TABLES / "walmart.csv").open(newline="") as f:
+        walmart = list(csv.DictReader(f, delimiter="|"))[:200]
+    with (TABLES / "gt.csv").open(newline="") as f:
+        matches = {r["D1"]: r["D2"] for r in csv.DictReader(f, delimiter="|")}
+    wanted = {matches[r["id"]] for r in walmart if r["id"] in matches}
+    with (TABLES / "amazon.csv").open(newline="") as f:
+        amazon = [r for r in csv.DictReader(f, delimiter="|")]
+    amazon = [r for r in amazon if r["id"] in wanted] + \
+        [r for r in amazon if r["id"] not in wanted][:600 - len(wanted)]
+    paths = folder / "walmart.csv", folder / "amazon.jsonl"
+    with paths[0].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(walmart[0]), delimiter="|")
+        writer.writeheader()
+        writer.writerows(walmart)
+    paths[1].write_text("".join(json.dumps(r) + "\n" for r in amazon))
+    return paths
+
+
+def _batch(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "queryserve", "batch", "duplicates", *map(str, args),
+            "--no-progress", "--min-probability", "0.05"]
+
+
+def _rows(path: Path) -> list[tuple[object, ...]]:
+    columns = read_pairs(path)
+    return list(zip(*columns.values(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def whole_run(tables: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (REPOSITORY / "duplicates" / "head.npz").is_file():
+        pytest.fail("the default models are not prepared: run `make prepare` (make test does)")
+    out = tmp_path_factory.mktemp("whole") / "pairs.parquet"
+    result = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+                            text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["complete"] and summary["products"] == [200, 600]
+    assert summary["candidate_pairs"] < 200 * 600 / 10  # blocking: never all the pairs
+    assert not out.with_name("pairs.parquet.parts").exists()  # the work folder is cleaned up
+    return out
+
+
+def test_batch_finds_the_true_matches(whole_run: Path, tables: tuple[Path, Path]) -> None:
+    """The committed model, through the whole job, on real tables with known matches."""
+    import csv
+
+    from queryserve.duplicates.tables import read_products
+
+    rows = _rows(whole_run)
+    assert len(rows) == len({(a, b) for a, b, *_ in rows})  # no pair twice
+    walmart, amazon = (set(read_products(t).ids) for t in tables)
+    with (TABLES / "gt.csv").open(newline="") as f:
+        truth = {(r["D1"], r["D2"]) for r in csv.DictReader(f, delimiter="|")
+                 if r["D1"] in walmart and r["D2"] in amazon}
+    found = {(a, b) for a, b, _, duplicate in rows if duplicate}
+    assert len(truth) >= 40
+    assert len(found & truth) >= RECALL * len(truth), "too few of the true matches found"
+    assert len(found & truth) >= PRECISION * len(found), "too many false matches"
+
+
+def test_a_stopped_job_resumes_to_the_same_rows(whole_run: Path, tables: tuple[Path, Path],
+                                                tmp_path: Path) -> None:
+    out = tmp_path / "pairs.parquet"
+    first = subprocess.run(_batch(*tables, out, "--part-size", "400", "--max-parts", "2"),
+                           capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert first.returncode == 0 and "run the same command again" in first.stdout
+    assert not out.exists() and len(list(out.with_name("pairs.parquet.parts").glob(
+        "part-*.parquet"))) == 2
+    other = subprocess.run(_batch(*tables, out, "--part-size", "999"), capture_output=True,
+                           text=True, timeout=600, cwd=ROOT)
+    assert other.returncode == 1 and "different job" in other.stderr  # never mixes two jobs
+    second = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+                            text=True, timeout=600, cwd=ROOT)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout[second.stdout.index("{"):])["resumed"]
+    assert _rows(out) == _rows(whole_run)
+    again = subprocess.run(_batch(*tables, out), capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
+
+
+def test_a_killed_job_resumes_without_lost_or_duplicated_rows(
+        whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "pairs.parquet"
+    parts = out.with_name("pairs.parquet.parts")
+    job = subprocess.Popen(_batch(*tables, out, "--part-size", "400"), cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(parts.glob("part-*.parquet")) and time.monotonic() < deadline:
+            assert job.poll() is None, "the job ended before it could be killed"
+            time.sleep(0.01)
+        os.killpg(job.pid, signal.SIGKILL)
+    finally:
+        job.wait(30)
+    assert not out.exists(), "killed after the first part, before the end"
+    result = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+                            text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert _rows(out) == _rows(whole_run)
+
+
+def test_csv_output_and_bad_tables(whole_run: Path, tables: tuple[Path, Path],
+                                   tmp_path: Path) -> None:
+    out = tmp_path / "pairs.csv"
+    result = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+                            text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0] == "left_id,right_id,probability,duplicate"
+    assert len(lines) - 1 == len(_rows(whole_run))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,colour\n1,red\n")
+    for args, words in [((bad, tmp_path / "o.csv"), "has no title column"),
+                        ((tmp_path / "none.csv", tmp_path / "o.csv"), "does not exist"),
+                        ((tables[0], tmp_path / "o.xlsx"), "must be .parquet or .csv")]:
+        refused = subprocess.run(_batch(*args), capture_output=True, text=True, cwd=ROOT)
+        assert refused.returncode == 1 and words in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                    reason="a network namespace needs root and iproute2's `ip`")
+def test_ray_engine_in_a_loopback_only_namespace(whole_run: Path, tables: tuple[Path, Path],
+                                                 tmp_path: Path) -> None:
+    """Ray opened listeners on every interface here even when told 127.0.0.1, so its test
+    runs inside a fresh network namespace whose only interface is loopback."""
+    namespace = f"queryserve-test-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"],
+                       check=True)
+        interfaces = subprocess.run(["ip", "netns", "exec", namespace, "ip", "-o", "link"],
+                                    capture_output=True, text=True, check=True).stdout
+        assert [line.split(":")[1].strip() for line in interfaces.splitlines()] == ["lo"]
+        out = tmp_path / "pairs.parquet"
+        result = subprocess.run(
+            ["ip", "netns", "exec", namespace,
+             *_batch(*tables, out, "--part-size", "400", "--engine", "ray")],
+            capture_output=True, text=True, timeout=600, cwd=ROOT,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        # The same pairs and decisions; probabilities to float32 rounding, since Ray's workers
+        # run numpy's BLAS on one thread, which sums in another order.
+        ray_rows, local_rows = _rows(out), _rows(whole_run)
+        assert [(a, b, d) for a, b, _, d in ray_rows] == [(a, b, d) for a, b, _, d in local_rows]
+        assert [p for _, _, p, _ in ray_rows] == pytest.approx(
+            [p for _, _, p, _ in local_rows], abs=1e-5)
+    finally:
+        subprocess.run(["ip", "netns", "delete", namespace], check=False)

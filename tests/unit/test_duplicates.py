@@ -1,0 +1,81 @@
+"""The duplicates model's building blocks: product texts from any table's columns, the pair
+features, reading tables, and blocking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from queryserve.duplicates.batch import block
+from queryserve.duplicates.features import FEATURES, model_codes, pair_features
+from queryserve.duplicates.products import (
+    DuplicatesError,
+    load_split,
+    parse_record,
+    product_text,
+)
+from queryserve.duplicates.tables import read_products, write_pairs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_product_text_reads_the_columns_tables_have() -> None:
+    assert product_text({"Title": "Nikon D40 kit", "brand": "Nikon", "modelno": "25420",
+                         "price": "499"}) == "Nikon D40 kit 25420"  # brand once, no price
+    assert product_text({"name": "ipod nano", "description": "8gb silver " * 40}) \
+        .startswith("ipod nano 8gb silver")
+    assert len(product_text({"name": "x", "description": "y" * 1000})) < 210
+    record = parse_record("COL title VAL elite screens r85wh1 COL brand VAL elite screens "
+                          "COL price VAL 409.0 ")
+    assert record == {"title": "elite screens r85wh1", "brand": "elite screens",
+                      "price": "409.0"}
+
+
+def test_the_committed_splits_load_with_deepmatchers_counts() -> None:
+    test = load_split("walmart-amazon", "test", ROOT / "data/product-matching")
+    assert len(test) == 2049 and sum(p.label for p in test) == 193
+
+
+def test_pair_features_see_model_numbers_through_their_spellings() -> None:
+    assert model_codes("sony dsc-w120/p camera") == {"dscw120p"}
+    same = pair_features("sony dsc-w120/p camera", "Sony DSCW120P pink")
+    other = pair_features("sony dsc-w120/p camera", "sony dsc-w130 camera")
+    assert len(same) == len(FEATURES)
+    assert same[FEATURES.index("code_match")] == 1.0
+    assert other[FEATURES.index("code_match")] == 0.0
+    assert pair_features("a b c", "c d") == pair_features("c d", "a b c")  # symmetric
+
+
+def test_tables_in_any_format(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("id#title#manufacturer\n7#ipod nano#apple\n9#zune#\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"name": "ipod"}) + "\n")
+    write_pairs(tmp_path / "c.parquet", {"ID": ["x"], "Product_Name": ["kindle"]})
+    assert read_products(tmp_path / "a.csv").ids == ["7", "9"]
+    assert read_products(tmp_path / "a.csv").texts == ["ipod nano apple", "zune"]
+    assert read_products(tmp_path / "b.jsonl").ids == ["0"]  # row numbers without an id
+    assert read_products(tmp_path / "c.parquet").texts == ["kindle"]
+    (tmp_path / "d.csv").write_text("id,title\n1,a\n1,b\n")
+    with pytest.raises(DuplicatesError, match="repeats ids"):
+        read_products(tmp_path / "d.csv")
+    (tmp_path / "e.jsonl").write_text("[1]\n")
+    with pytest.raises(DuplicatesError, match=r"e\.jsonl:1: expected a JSON object"):
+        read_products(tmp_path / "e.jsonl")
+
+
+def test_blocking_keeps_neighbours_and_shared_model_numbers() -> None:
+    rng = np.random.default_rng(0)
+    left = rng.normal(size=(5, 8)).astype(np.float32)
+    right = np.concatenate([left + 0.01, rng.normal(size=(20, 8))]).astype(np.float32)
+    texts = [[f"item {i}" for i in range(5)],
+             [f"item {i}" for i in range(25)]]
+    texts[1][24] = "widget abc123"
+    texts[0][0] = "gadget ABC-123"
+    pairs = block([left, right], texts, k=1)
+    assert {(i, i) for i in range(5)} <= {tuple(p) for p in pairs.tolist()}
+    assert [0, 24] in pairs.tolist()  # the shared model number, however far apart
+    assert pairs.tolist() == sorted(pairs.tolist())
+    within = block([right], [texts[1]], k=2)
+    assert all(i < j for i, j in within.tolist())
