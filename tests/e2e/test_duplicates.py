@@ -214,6 +214,25 @@ def test_batch_finds_the_true_matches(whole_run: Path, tables: tuple[Path, Path]
     assert len(found & truth) >= PRECISION * len(found), "too many false matches"
 
 
+def test_one_to_one_keeps_each_products_likeliest_match(
+        whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "pairs.parquet"
+    result = subprocess.run(_batch(*tables, out, "--part-size", "400", "--one-to-one"),
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows, every = _rows(out), _rows(whole_run)
+    assert [r[:3] for r in rows] == [r[:3] for r in every]  # the same pairs and probabilities
+    kept = [(a, b, p) for a, b, p, duplicate in rows if duplicate]
+    assert len({a for a, _, _ in kept}) == len(kept) == len({b for _, b, _ in kept})
+    before = {(a, b) for a, b, _, duplicate in every if duplicate}
+    assert {(a, b) for a, b, _ in kept} <= before
+    for a, b, p in kept:  # each kept pair is both products' likeliest duplicate
+        assert p == max(q for x, y, q, d in every if d and (x == a or y == b))
+    one = subprocess.run(_batch(tables[0], tmp_path / "o.csv", "--one-to-one"),
+                         capture_output=True, text=True, cwd=ROOT)
+    assert one.returncode == 1 and "across two tables" in one.stderr
+
+
 def test_a_stopped_job_resumes_to_the_same_rows(whole_run: Path, tables: tuple[Path, Path],
                                                 tmp_path: Path) -> None:
     out = tmp_path / "pairs.parquet"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from queryserve.duplicates.batch import block
+from queryserve.duplicates.batch import block, one_to_one
 from queryserve.duplicates.features import FEATURES, model_codes, pair_features
 from queryserve.duplicates.products import (
     DuplicatesError,
@@ -79,3 +79,11 @@ def test_blocking_keeps_neighbours_and_shared_model_numbers() -> None:
     assert pairs.tolist() == sorted(pairs.tolist())
     within = block([right], [texts[1]], k=2)
     assert all(i < j for i, j in within.tolist())
+
+
+def test_one_to_one_keeps_the_pair_both_sides_like_best() -> None:
+    pairs = {"left_id": ["a", "a", "b", "c"], "right_id": ["x", "y", "x", "z"],
+             "probability": [0.9, 0.8, 0.95, 0.3], "duplicate": [True, True, True, False]}
+    # b-x is both sides' likeliest; a-x is not x's, a-y is not a's (a likes x more): a is
+    # left without a duplicate rather than given its second choice; c-z never was one.
+    assert one_to_one(pairs) == [False, False, True, False]

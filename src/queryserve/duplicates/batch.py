@@ -11,7 +11,9 @@ last one stopped, without lost or duplicated rows:
 3. score: the pair head, part by part (`part-NNNNN.parquet`, each written to a temporary file
    and renamed, so a part is whole or absent);
 4. join: the parts, in order, into OUTPUT (again written whole, then renamed); the work folder
-   is removed.
+   is removed. With `one_to_one` (two tables), a pair stays a duplicate only if each product
+   is the other's likeliest match: two shops list a product once each, so a product's second
+   match is a variant (another colour, a kit) far more often than a true duplicate.
 
 `job.json` records what the work folder was made from (the inputs' sizes and times, the model,
 the settings); a rerun with anything different is refused instead of mixing two jobs' rows.
@@ -26,7 +28,7 @@ import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ class BatchOptions:
     min_probability: float | None = None  # rows kept in the output; None: the model's threshold
     part_size: int = 20_000
     max_parts: int | None = None  # score at most this many parts in this run, then stop
+    one_to_one: bool = False  # across two tables: a product is the duplicate of one at most
     engine: str = "local"
     ray_address: str | None = None
     progress: bool = True
@@ -145,6 +148,23 @@ def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> A
     return np.asarray(sorted(pairs), dtype=np.int32).reshape(-1, 2)
 
 
+def one_to_one(pairs: dict[str, list[Any]]) -> list[bool]:
+    """The `duplicate` column with each product kept in one duplicate pair at most: the pair
+    that is both products' likeliest (the first such row on a tie)."""
+    rows = list(zip(pairs["left_id"], pairs["right_id"], pairs["probability"],
+                    pairs["duplicate"], strict=True))
+    best_left: dict[Any, int] = {}
+    best_right: dict[Any, int] = {}
+    for i, (left, right, probability, duplicate) in enumerate(rows):
+        if duplicate:
+            if left not in best_left or probability > rows[best_left[left]][2]:
+                best_left[left] = i
+            if right not in best_right or probability > rows[best_right[right]][2]:
+                best_right[right] = i
+    return [bool(d) and best_left[a] == i and best_right[b] == i
+            for i, (a, b, _, d) in enumerate(rows)]
+
+
 def score_part(job: Job, number: int) -> int:
     """Score part `number` and write it (whole or not at all); returns the pairs scored."""
     candidates = np.load(job.candidates, mmap_mode="r")
@@ -176,6 +196,8 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         raise DuplicatesError(f"{output}: the output must be {' or '.join(WRITES)}")
     if options.engine not in ENGINES:
         raise DuplicatesError(f"engine {options.engine!r} is not one of {', '.join(ENGINES)}")
+    if options.one_to_one and len(inputs) != 2:
+        raise DuplicatesError("--one-to-one matches across two tables; give two inputs")
     if options.block_k < 1 or options.part_size < 1:
         raise DuplicatesError("--block-k and --part-size must be positive")
     if not (options.model / HEAD).is_file() or not (options.model / "model.yaml").is_file():
@@ -225,10 +247,12 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         log(f"stopped after {len(todo)} part(s); run the same command again to go on")
         return {**summary, "complete": False, **_rounded(timings)}
     t = time.perf_counter()
-    joined: dict[str, list[object]] = {c: [] for c in COLUMNS}
+    joined: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     for n in range(parts):
         for column, values in read_pairs(job.part(n)).items():
             joined[column].extend(values)
+    if options.one_to_one:
+        joined["duplicate"] = one_to_one(joined)
     write_pairs(output, joined)
     shutil.rmtree(work)
     timings["join_s"] = time.perf_counter() - t
@@ -287,6 +311,3 @@ def _display(progress: bool) -> Any:
                     MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("{task.fields[status]}"), disable=not progress)
 
-
-def options_record(options: BatchOptions) -> dict[str, object]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}

@@ -71,6 +71,9 @@ def add_batch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--max-parts", type=int, default=None,
                         help="score at most this many parts in this run, then stop; run again "
                              "to go on")
+    parser.add_argument("--one-to-one", action="store_true",
+                        help="across two tables: call a pair duplicates only if each product "
+                             "is the other's likeliest match (a product listed once per table)")
     parser.add_argument("--engine", choices=ENGINES, default=defaults.engine,
                         help="local: this process; ray: Ray Data workers (default: "
                              "%(default)s)")
@@ -87,6 +90,7 @@ def run_batch_command(args: argparse.Namespace) -> None:
     if not 2 <= len(args.paths) <= 3:
         raise DuplicatesError("usage: queryserve batch duplicates INPUT [INPUT2] OUTPUT")
     options = BatchOptions(args.model, args.block_k, args.min_probability, args.part_size,
-                           args.max_parts, args.engine, args.ray_address, not args.no_progress)
+                           args.max_parts, args.one_to_one, args.engine, args.ray_address,
+                           not args.no_progress)
     summary = run_batch(args.paths[:-1], args.paths[-1], options)
     print(json.dumps(summary, indent=2))
