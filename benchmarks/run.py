@@ -508,6 +508,15 @@ def render_optimize(report: dict[str, Any]) -> list[str]:
 # -- 7. queryserve optimize --task seq2seq ------------------------------------------------
 
 
+def one_model_repository(model: str, folder: Path) -> Path:
+    """A repository serving one prepared model of the default repository (a link to it), so
+    that a section measures that model alone."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / model).symlink_to(ROOT / "model_repository" / model)
+    return folder
+
+
 def spell_parity_file() -> Path:
     """The corrector's gate inputs: held-out misspelled and clean queries (as prepare uses)."""
     from queryserve.prepare import SPELL_PARITY
@@ -608,10 +617,7 @@ def spell_figures() -> dict[str, Any]:
     served: dict[str, Any] = {}
     for model in SPELL_MODELS:
         # The server holds this model alone, so no other model's instances take cores.
-        repository = OUT / "spell" / "repo"
-        shutil.rmtree(repository, ignore_errors=True)
-        repository.mkdir(parents=True)
-        (repository / model).symlink_to(ROOT / "model_repository" / model)
+        repository = one_model_repository(model, OUT / "spell" / "repo")
         with serving(repository, cores, cores, OUT / "spell" / f"{model}.log") as (url, proc):
             common = ("--model", model, "--queries", str(queries))
             log(f"  served {model}: 100 req/s for 10 s")
@@ -716,10 +722,7 @@ def intent_figures() -> dict[str, Any]:
     texts = [r["text"] for r in rows]
     queries = OUT / "intent" / "queries.txt"
     queries.write_text("\n".join(texts) + "\n")
-    repository = OUT / "intent" / "repo"
-    shutil.rmtree(repository, ignore_errors=True)
-    repository.mkdir(parents=True)
-    (repository / "intent").symlink_to(ROOT / "model_repository" / "intent")
+    repository = one_model_repository("intent", OUT / "intent" / "repo")
     cores = os.cpu_count() or 2
     with serving(repository, cores, cores, OUT / "intent" / "server.log") as (url, proc):
         log("  served intent: accuracy on MASSIVE test over HTTP")
@@ -997,10 +1000,7 @@ def duplicates_figures() -> dict[str, Any]:
     log("  queryserve train duplicates OUT/duplicates/head --method head")
     subprocess.run([QUERYSERVE, "train", "duplicates", str(head_out), "--method", "head",
                     "--no-progress"], capture_output=True, text=True, check=True)
-    repository = OUT / "duplicates" / "repo"
-    shutil.rmtree(repository, ignore_errors=True)
-    repository.mkdir(parents=True)
-    (repository / "duplicates").symlink_to(ROOT / "model_repository" / "duplicates")
+    repository = one_model_repository("duplicates", OUT / "duplicates" / "repo")
     cores = os.cpu_count() or 2
     with serving(repository, cores, cores, OUT / "duplicates" / "server.log") as (url, _):
         log("  served duplicates: F1 on the test splits over HTTP")

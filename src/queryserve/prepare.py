@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 
 from queryserve.errors import ExportError
+from queryserve.optimize.source import Source, Task
 from queryserve.spell.data import DATA
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,18 @@ def _already_prepared(target: Path, product: str, force: bool) -> bool:
     return True
 
 
-def _require_trained(source_dir: Path, what: str, task: str) -> None:
+def _trained_source(source_dir: Path, what: str, command: str, task: Task) -> Source:
+    """A committed, trained model folder, checked for `queryserve optimize`'s `task`, with
+    the hubs off (its weights are local) and the export libraries' chatter quiet."""
     if not (source_dir / "config.json").is_file():
         raise ExportError(f"{source_dir} holds no trained {what}; train one with "
-                          f"`queryserve train {task} {source_dir}`")
+                          f"`queryserve train {command} {source_dir}`")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from queryserve.optimize.report import quiet_logs
+    from queryserve.optimize.source import inspect_source
+
+    quiet_logs()
+    return inspect_source(source_dir, task)
 
 
 def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"),
@@ -112,16 +121,11 @@ def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force
     target = repository / "intent"
     if _already_prepared(target, "model.onnx", force):
         return
-    _require_trained(source_dir, "intent classifier", "intent")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    source = _trained_source(source_dir, "intent classifier", "intent", "classify")
     from queryserve.optimize.command import model_yaml
     from queryserve.optimize.encoder import optimize_encoder
     from queryserve.optimize.plan import Plan
-    from queryserve.optimize.report import quiet_logs
-    from queryserve.optimize.source import inspect_source
 
-    quiet_logs()
-    source = inspect_source(source_dir, "classify")
     plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
                 read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
                 model_config=model_yaml(source, "intent"), extra={"source": str(source_dir)})
@@ -159,15 +163,9 @@ def prepare_duplicates(repository: Path, force: bool = False,
     target = repository / "duplicates"
     if _already_prepared(target, HEAD, force):
         return
-    _require_trained(source_dir, "duplicates detector", "duplicates")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    source = _trained_source(source_dir, "duplicates detector", "duplicates", "embed")
     from queryserve.optimize.encoder import optimize_encoder
     from queryserve.optimize.plan import Plan
-    from queryserve.optimize.report import quiet_logs
-    from queryserve.optimize.source import inspect_source
-
-    quiet_logs()
-    source = inspect_source(source_dir, "embed")
 
     def texts(split: str) -> list[str]:
         found = sorted({t for d in DATASETS for p in load_split(d, split)
@@ -199,18 +197,13 @@ def prepare_spell_seq2seq(repository: Path, force: bool = False,
     target = repository / "spell-seq2seq"
     if _already_prepared(target, "model.yaml", force):
         return
-    _require_trained(source_dir, "corrector", "spell")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    source = _trained_source(source_dir, "corrector", "spell", "seq2seq")
     from queryserve.optimize.command import seq2seq_model_yaml
     from queryserve.optimize.plan import Plan
-    from queryserve.optimize.report import quiet_logs
     from queryserve.optimize.seq2seq import Decoding, optimize_seq2seq
-    from queryserve.optimize.source import inspect_source
     from queryserve.spell.evaluate import EvalSets
 
-    quiet_logs()
     sets = EvalSets.build(size=SPELL_PARITY)
-    source = inspect_source(source_dir, "seq2seq")
     decoding = Decoding(1, SPELL_MAX_OUTPUT)
     plan = Plan(source, ("int8",), sets.queries(), [],
                 model_config=seq2seq_model_yaml(source, "spell-seq2seq", decoding),

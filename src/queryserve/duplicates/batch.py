@@ -21,6 +21,7 @@ the settings); a rerun with anything different is refused instead of mixing two 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import Progress
 
 from queryserve.duplicates.features import features_array, model_codes
 from queryserve.duplicates.head import FILE as HEAD
 from queryserve.duplicates.head import PairHead
 from queryserve.duplicates.products import DuplicatesError
 from queryserve.duplicates.tables import WRITES, Products, read_pairs, read_products, write_pairs
+from queryserve.progress import progress_bar
 from queryserve.types import Array
 
 ENGINES = ("local", "ray")
@@ -105,7 +108,7 @@ def _fingerprint(inputs: Sequence[Path], options: BatchOptions) -> dict[str, obj
     return {"inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size,
                         "modified_ns": p.stat().st_mtime_ns} for p in inputs],
             "encoder": encoder_fingerprint(options.model),
-            "head": (options.model / HEAD).stat().st_size,
+            "head": hashlib.sha256((options.model / HEAD).read_bytes()).hexdigest()[:16],
             "block_k": options.block_k, "part_size": options.part_size,
             "min_probability": options.min_probability}
 
@@ -120,6 +123,13 @@ def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> A
     left, right = vectors[0], vectors[-1]
     pairs: set[tuple[int, int]] = set()
 
+    def add(i: int, j: int) -> None:
+        """Within one table a pair is (lower, higher) and never a product with itself."""
+        if not same:
+            pairs.add((i, j))
+        elif i != j:
+            pairs.add((min(i, j), max(i, j)))
+
     def neighbours(queries: Array, base: Array) -> Array:
         index = faiss.IndexFlatIP(base.shape[1])
         index.add(base)
@@ -128,13 +138,11 @@ def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> A
 
     for i, row in enumerate(neighbours(left, right)):
         for j in row[row >= 0]:
-            if not same:
-                pairs.add((i, int(j)))
-            elif i != j:
-                pairs.add((min(i, int(j)), max(i, int(j))))
+            add(i, int(j))
     if not same:
         for j, row in enumerate(neighbours(right, left)):
-            pairs.update((int(i), j) for i in row[row >= 0])
+            for i in row[row >= 0]:
+                add(int(i), j)
     codes: dict[str, list[int]] = defaultdict(list)
     for j, text in enumerate(texts[-1]):
         for code in model_codes(text.lower()):
@@ -143,8 +151,8 @@ def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> A
         for code in model_codes(text.lower()):
             rows = codes.get(code, [])
             if len(rows) <= MAX_CODE_BLOCK:
-                pairs.update((i, j) if not same else (min(i, j), max(i, j))
-                             for j in rows if not same or i != j)
+                for j in rows:
+                    add(i, j)
     return np.asarray(sorted(pairs), dtype=np.int32).reshape(-1, 2)
 
 
@@ -220,7 +228,7 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
                               "or settings); remove it to start again, or rerun the same job")
     _save_json(recorded, fingerprint)
     resumed = any(work.glob("part-*.parquet"))
-    with _display(options.progress) as display:
+    with progress_bar(options.progress) as display:
         t = time.perf_counter()
         vectors = [_embed(job, n, products, display) for n, products in enumerate(tables)]
         timings["embed_s"] = time.perf_counter() - t
@@ -268,7 +276,7 @@ def _rounded(timings: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 2) for k, v in timings.items()}
 
 
-def _embed(job: Job, table: int, products: Products, display: Any) -> Array:
+def _embed(job: Job, table: int, products: Products, display: Progress) -> Array:
     from queryserve.search.index import embed_texts
 
     path = job.embeddings(table)
@@ -283,7 +291,8 @@ def _embed(job: Job, table: int, products: Products, display: Any) -> Array:
     return np.load(path)  # type: ignore[no-any-return]
 
 
-def _score(job: Job, todo: list[int], parts: int, options: BatchOptions, display: Any) -> int:
+def _score(job: Job, todo: list[int], parts: int, options: BatchOptions,
+           display: Progress) -> int:
     task = display.add_task("scoring pairs", total=parts, completed=parts - len(todo),
                             status=f"{options.engine} engine")
     if options.engine == "ray":
@@ -296,18 +305,3 @@ def _score(job: Job, todo: list[int], parts: int, options: BatchOptions, display
         scored += score_part(job, number)
         display.advance(task)
     return scored
-
-
-def _display(progress: bool) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[status]}"), disable=not progress)
-

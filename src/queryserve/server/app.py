@@ -32,6 +32,7 @@ from queryserve.errors import (
     Unavailable,
 )
 from queryserve.pipelines.base import decode_texts
+from queryserve.pipelines.pair_scoring import PairScoring
 from queryserve.repository import VERSION, Model, ModelRepository
 from queryserve.search.pipeline import FILE as SEARCH_FILE
 from queryserve.search.pipeline import MODEL as SEARCH_MODEL
@@ -409,7 +410,8 @@ class ServerApp:
                                f'[text, text] pairs, {example}')
         model = self._model_for(body.get("model", "duplicates"), ("pair_scoring",),
                                 "/v1/duplicates", "duplicates")
-        threshold = body.get("threshold", model.pipeline.threshold)  # type: ignore[attr-defined]
+        assert isinstance(model.pipeline, PairScoring)  # _model_for admitted pair_scoring only
+        threshold = body.get("threshold", model.pipeline.threshold)
         if not isinstance(threshold, int | float) or isinstance(threshold, bool) \
                 or not 0 <= threshold <= 1:
             raise InvalidInput(f"'threshold' must be a number from 0 to 1, got {threshold!r}")
