@@ -3,6 +3,8 @@ done of total, the time taken, and a status each task sets (give `status=""` whe
 
 from __future__ import annotations
 
+import sys
+
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,8 +22,9 @@ def progress_bar(enabled: bool) -> Progress:
 
 
 def milestone(display: Progress, task: TaskID, status: str) -> None:
-    """Set the task's status; where nobody watches the bar (output to a log file), print it as
-    a line too, so the log keeps each epoch's figures."""
+    """Set the task's status; where nobody watches the bar (no bar, or output to a log file),
+    print it as a line on stderr too, so a long run's log keeps each epoch's figures and
+    stdout keeps only the command's result."""
     display.update(task, status=status)
-    if not display.disable and not display.console.is_terminal:
-        print(status, flush=True)
+    if display.disable or not display.console.is_terminal:
+        print(status, file=sys.stderr, flush=True)

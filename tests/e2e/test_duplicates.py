@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from queryserve import cli
-from queryserve.duplicates.features import features_array
+from queryserve.duplicates.features import FEATURES, features_array
 from queryserve.duplicates.head import PairHead
 from queryserve.duplicates.tables import read_pairs
 from tests.conftest import REPOSITORY, ROOT, RunningServer, start_server, stop_server
@@ -80,7 +80,9 @@ def test_training_writes_an_encoder_a_head_and_its_figures(trained: Path) -> Non
     assert set(record["test_f1"]) == {"abt-buy", "amazon-google", "walmart-amazon"}
     assert all(0 <= f <= 100 for f in record["test_f1"].values())
     head = PairHead.load(trained)
-    assert head.w1.shape == (2 * 384 + 1 + 5, 256) and 0 < head.threshold < 1
+    assert head.w1.shape == (2 * 384 + 1 + len(FEATURES), 256) and 0 < head.threshold < 1
+    assert set(record["dataset_thresholds"]) == set(record["test_f1_at_dataset_thresholds"]) \
+        == set(record["test_f1"])
     # Read by `queryserve optimize` as mean-pooled and normalized, 64 tokens long.
     assert json.loads((trained / "sentence_bert_config.json").read_text())[
         "max_seq_length"] == 64
@@ -278,17 +280,22 @@ def test_a_killed_job_resumes_without_lost_or_duplicated_rows(
 def test_csv_output_and_bad_tables(whole_run: Path, tables: tuple[Path, Path],
                                    tmp_path: Path) -> None:
     out = tmp_path / "pairs.csv"
-    result = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
-                            text=True, timeout=600, cwd=ROOT)
+    result = subprocess.run(_batch(*tables, out, "--part-size", "400", "--threshold", "0.9"),
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     lines = out.read_text().splitlines()
     assert lines[0] == "left_id,right_id,probability,duplicate"
-    assert len(lines) - 1 == len(_rows(whole_run))
+    assert len(lines) - 1 == len(_rows(whole_run))  # the same rows (--min-probability 0.05)
+    decided = [(float(p), d == "True") for *_, p, d in (line.split(",") for line in lines[1:])]
+    assert all(d == (p >= 0.9) for p, d in decided)  # decided at --threshold, not the model's
+    assert any(float(str(p)) < 0.9 and d for *_, p, d in _rows(whole_run))  # the model: yes
     bad = tmp_path / "bad.csv"
     bad.write_text("id,colour\n1,red\n")
     for args, words in [((bad, tmp_path / "o.csv"), "has no title column"),
                         ((tmp_path / "none.csv", tmp_path / "o.csv"), "does not exist"),
-                        ((tables[0], tmp_path / "o.xlsx"), "must be .parquet or .csv")]:
+                        ((tables[0], tmp_path / "o.xlsx"), "must be .parquet or .csv"),
+                        ((tables[0], tmp_path / "o.csv", "--threshold", "1.5"),
+                         "--threshold must be a probability from 0 to 1")]:
         refused = subprocess.run(_batch(*args), capture_output=True, text=True, cwd=ROOT)
         assert refused.returncode == 1 and words in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr

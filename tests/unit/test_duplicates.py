@@ -49,6 +49,22 @@ def test_pair_features_see_model_numbers_through_their_spellings() -> None:
     assert pair_features("a b c", "c d") == pair_features("c d", "a b c")  # symmetric
 
 
+def test_specifications_are_not_model_numbers_and_siblings_are_told_apart() -> None:
+    # "4gb", "1333mhz" and "ddr3" are specifications every memory module shares.
+    assert model_codes("corsair cmv4gx3m1a1333c9 4gb ddr3 1333mhz 82024") == {
+        "cmv4gx3m1a1333c9", "82024"}
+    siblings = pair_features("pioneer ts-a1684r 4-way speakers", "pioneer TS-A1683R speakers")
+    assert siblings[FEATURES.index("code_sibling")] == 1.0
+    assert siblings[FEATURES.index("code_match")] == 0.0
+    cards = pair_features("v7 4gb sd card class 6", "v7 16 GB sd card class 6")
+    assert cards[FEATURES.index("quantity_conflict")] == 1.0
+    same_size = pair_features("v7 4gb sd card", "v7 sdhc card 4 gb")
+    assert same_size[FEATURES.index("quantity_conflict")] == 0.0
+    unknown = pair_features("v7 sd card", "v7 sdhc card")
+    assert unknown[FEATURES.index("quantity_conflict")] == 0.5
+    assert unknown[FEATURES.index("code_sibling")] == 0.5
+
+
 def test_tables_in_any_format(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("id#title#manufacturer\n7#ipod nano#apple\n9#zune#\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"name": "ipod"}) + "\n")

@@ -39,6 +39,13 @@ def test_right_queries_unknown_names_and_model_numbers_are_left_alone(
         assert 0.0 < c.score <= 1.0
 
 
+def test_stray_underscores_and_hyphens_are_typos_but_inner_hyphens_are_words(
+        channel: NoisyChannel) -> None:
+    # Real misspellings carry a slipped space as "_" and a stray "-"; "x-men" stays unknown.
+    fixed = channel.correct(["passi_on pit", "taylor swift-", "x-men"])
+    assert [c.corrected for c in fixed] == ["passion pit", "taylor swift", "x-men"]
+
+
 def test_saved_tables_correct_as_the_learned_ones(channel: NoisyChannel, tmp_path: Path) -> None:
     channel.tables.save(tmp_path)
     loaded = NoisyChannel.load(tmp_path)

@@ -53,7 +53,8 @@ COLUMNS = ("left_id", "right_id", "probability", "duplicate")
 class BatchOptions:
     model: Path = Path("model_repository/duplicates")
     block_k: int = 10
-    min_probability: float | None = None  # rows kept in the output; None: the model's threshold
+    threshold: float | None = None  # the `duplicate` decision; None: the model's threshold
+    min_probability: float | None = None  # rows kept in the output; None: the threshold
     part_size: int = 20_000
     max_parts: int | None = None  # score at most this many parts in this run, then stop
     one_to_one: bool = False  # across two tables: a product is the duplicate of one at most
@@ -71,6 +72,7 @@ class Job:
     model: Path
     tables: int
     part_size: int
+    threshold: float
     min_probability: float
 
     def embeddings(self, table: int) -> Path:
@@ -110,7 +112,7 @@ def _fingerprint(inputs: Sequence[Path], options: BatchOptions) -> dict[str, obj
             "encoder": encoder_fingerprint(options.model),
             "head": hashlib.sha256((options.model / HEAD).read_bytes()).hexdigest()[:16],
             "block_k": options.block_k, "part_size": options.part_size,
-            "min_probability": options.min_probability}
+            "threshold": options.threshold, "min_probability": options.min_probability}
 
 
 def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> Array:
@@ -190,7 +192,7 @@ def score_part(job: Job, number: int) -> int:
         "left_id": [left_ids[i] for i in rows[keep, 0]],
         "right_id": [right_ids[j] for j in rows[keep, 1]],
         "probability": probability[keep].tolist(),
-        "duplicate": (probability[keep] >= head.threshold).tolist()})
+        "duplicate": (probability[keep] >= job.threshold).tolist()})
     return len(rows)
 
 
@@ -208,6 +210,10 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         raise DuplicatesError("--one-to-one matches across two tables; give two inputs")
     if options.block_k < 1 or options.part_size < 1:
         raise DuplicatesError("--block-k and --part-size must be positive")
+    for name, value in (("--threshold", options.threshold),
+                        ("--min-probability", options.min_probability)):
+        if value is not None and not 0 <= value <= 1:
+            raise DuplicatesError(f"{name} must be a probability from 0 to 1, got {value}")
     if not (options.model / HEAD).is_file() or not (options.model / "model.yaml").is_file():
         raise DuplicatesError(f"{options.model} is not a prepared duplicates model (model.yaml "
                               "and head.npz); run `queryserve prepare`")
@@ -216,8 +222,9 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         raise DuplicatesError(f"{output} already exists; remove it or choose another output")
     tables = [read_products(p) for p in inputs]  # bad tables are refused before any work
     head = PairHead.load(options.model)
-    minimum = head.threshold if options.min_probability is None else options.min_probability
-    job = Job(work, options.model, len(inputs), options.part_size, minimum)
+    threshold = head.threshold if options.threshold is None else options.threshold
+    minimum = threshold if options.min_probability is None else options.min_probability
+    job = Job(work, options.model, len(inputs), options.part_size, threshold, minimum)
     fingerprint = _fingerprint(inputs, options)
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -267,7 +274,7 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
     timings["total_s"] = time.perf_counter() - started
     duplicates = sum(bool(d) for d in joined["duplicate"])
     log(f"{output}: {len(joined['left_id']):,} pairs with probability >= {minimum:.2f} "
-        f"({duplicates:,} duplicates at {head.threshold:.2f}) from {count:,} candidates")
+        f"({duplicates:,} duplicates at {threshold:.2f}) from {count:,} candidates")
     return {**summary, "complete": True, "rows": len(joined["left_id"]),
             "duplicates": duplicates, **_rounded(timings)}
 

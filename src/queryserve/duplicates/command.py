@@ -63,9 +63,13 @@ def add_batch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--block-k", type=int, default=defaults.block_k,
                         help="nearest neighbours per product that become candidate pairs "
                              "(default: %(default)s)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="call a pair duplicates at this probability or above (default: "
+                             "the model's threshold, chosen on the training data's valid "
+                             "splits; TRAINING.json also lists each dataset's own)")
     parser.add_argument("--min-probability", type=float, default=None,
-                        help="keep pairs scored at least this (default: the model's "
-                             "threshold, i.e. the duplicates only; 0 keeps every candidate)")
+                        help="keep pairs scored at least this (default: the threshold, i.e. "
+                             "the duplicates only; 0 keeps every candidate)")
     parser.add_argument("--part-size", type=int, default=defaults.part_size,
                         help="candidate pairs per part file (default: %(default)s)")
     parser.add_argument("--max-parts", type=int, default=None,
@@ -89,8 +93,10 @@ def run_batch_command(args: argparse.Namespace) -> None:
 
     if not 2 <= len(args.paths) <= 3:
         raise DuplicatesError("usage: queryserve batch duplicates INPUT [INPUT2] OUTPUT")
-    options = BatchOptions(args.model, args.block_k, args.min_probability, args.part_size,
-                           args.max_parts, args.one_to_one, args.engine, args.ray_address,
-                           not args.no_progress)
+    options = BatchOptions(
+        model=args.model, block_k=args.block_k, threshold=args.threshold,
+        min_probability=args.min_probability, part_size=args.part_size,
+        max_parts=args.max_parts, one_to_one=args.one_to_one, engine=args.engine,
+        ray_address=args.ray_address, progress=not args.no_progress)
     summary = run_batch(args.paths[:-1], args.paths[-1], options)
     print(json.dumps(summary, indent=2))

@@ -1,5 +1,6 @@
 """What a pair of product texts share, beyond their embeddings: a few string signals that an
-encoder of 64 tokens blurs, chiefly model numbers ("dscw120p" against "dsc-w120/p").
+encoder of 64 tokens blurs, chiefly model numbers ("dscw120p" against "dsc-w120/p") and the
+quantities that tell siblings apart (a 4 GB card from the 16 GB one of the same line).
 
 Each is a number in [0, 1] (or 0.5 for "cannot tell"), cheap enough to compute for every
 candidate pair of a batch job (tens of microseconds a pair) and the same at training and
@@ -9,41 +10,105 @@ serving time.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from queryserve.types import Array
 
-FEATURES = ("token_jaccard", "token_containment", "code_match", "code_inside", "number_jaccard")
+FEATURES = ("token_jaccard", "token_containment", "code_match", "code_inside", "number_jaccard",
+            "code_sibling", "quantity_conflict")
 _TOKEN = re.compile(r"[a-z0-9]+")
 _CODE = re.compile(r"[a-z0-9][a-z0-9\-/.]*[a-z0-9]")
+# Units whose number is a specification, not a model: "16gb", "1333mhz", "350w", "6.5-inch".
+_UNIT = {"gb": "gb", "tb": "tb", "mb": "mb", "mhz": "mhz", "ghz": "ghz", "mp": "mp",
+         "megapixel": "mp", "megapixels": "mp", "w": "w", "watt": "w", "watts": "w", "v": "v",
+         "volt": "v", "volts": "v", "mah": "mah", "in": "in", "inch": "in", "inches": "in",
+         "ft": "ft", "feet": "ft", "mm": "mm", "cm": "cm", "m": "m", "oz": "oz", "lb": "lb",
+         "lbs": "lb", "pk": "pk", "pack": "pk", "pcs": "pk", "x": "x", "ml": "ml", "l": "l",
+         "hz": "hz", "rpm": "rpm", "ppm": "ppm", "page": "page", "pages": "page",
+         "port": "port", "ports": "port", "ch": "ch", "channel": "ch", "cup": "cup",
+         "cups": "cup", "qt": "qt", "gal": "gal", "ohm": "ohm", "db": "db", "bit": "bit",
+         "sheets": "sheet", "sheet": "sheet"}
+_UNITS = "|".join(sorted(_UNIT, key=len, reverse=True))
+_QUANTITY = re.compile(rf"(?<![a-z0-9.])(\d+(?:\.\d+)?)\s*-?\s*({_UNITS})(?![a-z0-9])")
+_UNIT_NUMBER = re.compile(rf"^\d+(?:\.\d+)?(?:{_UNITS})$")
 
 
 def model_codes(text: str) -> set[str]:
-    """Model-number-like tokens: letters and digits together, 4 characters or more, with
-    separators dropped so that spellings of one code compare equal."""
+    """Model-number-like tokens, with separators dropped so that spellings of one code compare
+    equal: letters and digits together (4 characters or more, 2 digits or more unless longer
+    than 5: "ddr3" is a kind, not a model), or 5 digits or more; never a quantity ("16gb")."""
     codes = set()
     for token in _CODE.findall(text):
         code = re.sub(r"[\-/.]", "", token)
-        if len(code) >= 4 and not code.isdigit() and not code.isalpha():
-            codes.add(code)
+        if code.isalpha() or len(code) < 4 or _UNIT_NUMBER.match(code):
+            continue
+        if code.isdigit() and len(code) < 5:
+            continue
+        if sum(c.isdigit() for c in code) < 2 and len(code) < 6:
+            continue
+        codes.add(code)
     return codes
 
 
+def quantities(text: str) -> dict[str, set[float]]:
+    """Numbers with a unit, by unit: "4 gb sdhc, class 6" -> {"gb": {4.0}}."""
+    found: dict[str, set[float]] = {}
+    for number, unit in _QUANTITY.findall(text):
+        found.setdefault(_UNIT[unit], set()).add(float(number))
+    return found
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return len(long) - len(short) == 1 and any(long[:i] + long[i + 1:] == short
+                                               for i in range(len(long)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Signals:
+    """What the features read of one text, computed once per text."""
+    tokens: frozenset[str]
+    numbers: frozenset[str]
+    codes: frozenset[str]
+    squashed: str  # letters and digits only: a code spelled with separators still matches
+    quantities: dict[str, set[float]]
+
+
+@lru_cache(maxsize=1 << 16)  # a batch job pairs each product with many others
+def _signals(text: str) -> _Signals:
+    text = text.lower()
+    tokens = _TOKEN.findall(text)
+    return _Signals(frozenset(tokens), frozenset(t for t in tokens if t.isdigit()),
+                    frozenset(model_codes(text)), "".join(tokens), quantities(text))
+
+
 def pair_features(a: str, b: str) -> list[float]:
-    a, b = a.lower(), b.lower()
-    ta, tb = set(_TOKEN.findall(a)), set(_TOKEN.findall(b))
+    sa, sb = _signals(a), _signals(b)
+    ta, tb = sa.tokens, sb.tokens
     shared = len(ta & tb)
     jaccard = shared / max(1, len(ta | tb))
     containment = shared / max(1, min(len(ta), len(tb)))
-    ca, cb = model_codes(a), model_codes(b)
+    ca, cb = sa.codes, sb.codes
     code_match = 1.0 if ca & cb else 0.0 if ca and cb else 0.5
-    squashed_a, squashed_b = "".join(_TOKEN.findall(a)), "".join(_TOKEN.findall(b))
-    inside = any(c in squashed_b for c in ca) or any(c in squashed_a for c in cb)
+    inside = any(c in sb.squashed for c in ca) or any(c in sa.squashed for c in cb)
     code_inside = 1.0 if inside else 0.0 if ca or cb else 0.5
-    na, nb = {t for t in ta if t.isdigit()}, {t for t in tb if t.isdigit()}
+    na, nb = sa.numbers, sb.numbers
     numbers = len(na & nb) / len(na | nb) if na | nb else 0.5
-    return [jaccard, containment, code_match, code_inside, numbers]
+    # Siblings: codes one edit apart or one extending the other (ts-a1683r, ts-a1684r), the
+    # likeliest false match of a product line.
+    sibling = 0.5
+    if ca and cb and not inside:
+        sibling = 1.0 if any(_one_edit_apart(x, y) or x.startswith(y) or y.startswith(x)
+                             for x in ca for y in cb) else 0.0
+    qa, qb = sa.quantities, sb.quantities
+    units = qa.keys() & qb.keys()
+    conflict = (1.0 if any(not qa[u] & qb[u] for u in units) else 0.0) if units else 0.5
+    return [jaccard, containment, code_match, code_inside, numbers, sibling, conflict]
 
 
 def features_array(pairs: list[tuple[str, str]]) -> Array:

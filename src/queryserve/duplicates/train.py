@@ -143,8 +143,10 @@ def _scores(model: _Model, pairs: Sequence[LabelledPair], vectors: dict[str, Any
 
 
 def _evaluate(model: _Model, by_dataset: dict[str, list[LabelledPair]],
-              threshold: float | None = None) -> dict[str, Any]:
-    """F1 per dataset at one threshold: the given one, or the best on all of them together."""
+              threshold: float | None = None,
+              dataset_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
+    """F1 per dataset at one threshold: the given one, or the best on all of them together;
+    and at each dataset's own threshold: the given ones, or each dataset's best."""
     model.encoder.eval()
     texts = sorted({t for pairs in by_dataset.values() for p in pairs for t in (p.left, p.right)})
     vectors = dict(zip(texts, model.embed_all(texts), strict=True))
@@ -154,10 +156,16 @@ def _evaluate(model: _Model, by_dataset: dict[str, list[LabelledPair]],
     labels = [p.label for d in by_dataset for p in by_dataset[d]]
     if threshold is None:
         threshold, _ = best_threshold(pooled, labels)
-    per = {d: round(100 * f1([s >= threshold for s in scores[d]],
-                             [p.label for p in by_dataset[d]]), 1) for d in by_dataset}
-    return {"threshold": threshold, "f1": per,
-            "f1_all": round(100 * f1([s >= threshold for s in pooled], labels), 1)}
+    own = dataset_thresholds or {
+        d: best_threshold(scores[d], [p.label for p in by_dataset[d]])[0] for d in by_dataset}
+
+    def per(at: dict[str, float]) -> dict[str, float]:
+        return {d: round(100 * f1([s >= at[d] for s in scores[d]],
+                                  [p.label for p in by_dataset[d]]), 1) for d in by_dataset}
+
+    return {"threshold": threshold, "f1": per(dict.fromkeys(by_dataset, threshold)),
+            "f1_all": round(100 * f1([s >= threshold for s in pooled], labels), 1),
+            "dataset_thresholds": own, "f1_at_dataset_thresholds": per(own)}
 
 
 def sentence_transformers_layout(encoder: Path, out: Path, max_length: int) -> None:
@@ -271,7 +279,8 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
         model.encoder.load_state_dict(best[2]["encoder"])
         model.head.load_state_dict(best[2]["head"])
     threshold = best[3].get("threshold", 0.5)
-    test = _evaluate(model, splits["test"], threshold)
+    dataset_thresholds = best[3].get("dataset_thresholds")
+    test = _evaluate(model, splits["test"], threshold, dataset_thresholds)
     out.mkdir(parents=True, exist_ok=True)
     if not frozen:
         # fp16 on disk halves the repository's copy; export reads it back in fp32.
@@ -284,6 +293,10 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
               "train_pairs": len(train), "steps": step, "epochs": history,
               "best_epoch": best[1], "threshold": threshold,
               "valid_f1": best[3].get("f1"), "test_f1": test["f1"],
+              # For a table known to come from one of these shops (`--threshold`, or
+              # "threshold" in a /v1/duplicates request): each valid split's own best.
+              "dataset_thresholds": dataset_thresholds,
+              "test_f1_at_dataset_thresholds": test["f1_at_dataset_thresholds"],
               "pairs_per_second": round(pairs_seen / max(seconds, 1e-9), 1),
               "minutes": round((time.monotonic() - started) / 60, 2)}
     (out / "TRAINING.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -17,7 +17,8 @@ bigram lattice finds the best query, and the forward pass gives its posterior, t
 Why not only the trained seq2seq model: on this 2-core machine an hour of training teaches a
 small model to copy but not the catalog's vocabulary (BENCHMARKS.md section 8), while these
 counts are learned from the same data in about two seconds and correct most typos of one or
-two edits. The parameters were chosen on a development split of the training queries.
+two edits. The parameters were chosen on a development split of the training queries
+(`benchmarks/spell_dev.py` prints that split's figures for the candidate and lattice limits).
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ from queryserve.spell.noise import (
 START, END = "<s>", "</s>"
 FILE = "channel.json"
 DISCOUNT = 0.75
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")  # letters, inner apostrophes ("what's")
-MAX_CANDIDATES = 24  # per typed word scored by the channel: nearest and most frequent first
-MAX_LATTICE = 8  # of those, the likeliest alone (P(typed | word) P(word)) go into the lattice
+# Letters with inner apostrophes ("what's"), and the stray "_" and "-" that real misspellings
+# carry ("insid_e", "eve-": the misspelling corpus writes a slipped space as "_").
+_WORD = re.compile(r"(?=.*[a-z])[a-z_]+(?:['-][a-z_]+)*-?")
+MAX_CANDIDATES = 64  # per typed word scored by the channel: nearest and most frequent first
+MAX_LATTICE = 16  # of those, the likeliest alone (P(typed | word) P(word)) go into the lattice
 
 
 @dataclass(frozen=True)
