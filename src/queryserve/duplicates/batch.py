@@ -30,13 +30,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.progress import Progress
 
-from queryserve.duplicates.features import features_array, model_codes
+from queryserve.duplicates.features import features_array, model_codes, text_signals
 from queryserve.duplicates.head import FILE as HEAD
 from queryserve.duplicates.head import PairHead
 from queryserve.duplicates.products import DuplicatesError
@@ -47,6 +48,9 @@ from queryserve.types import Array
 ENGINES = ("local", "ray")
 MAX_CODE_BLOCK = 20  # a model number shared by more products than this is not a model number
 COLUMNS = ("left_id", "right_id", "probability", "duplicate")
+# Each product meets many others across the parts a process scores: read its text once. (The
+# batch job's process ends with the job; the server reads per request instead.)
+_read_signals = lru_cache(maxsize=1 << 16)(text_signals)
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def score_part(job: Job, number: int) -> int:
     u = np.load(job.embeddings(0), mmap_mode="r")[rows[:, 0]]
     v = np.load(job.embeddings(last), mmap_mode="r")[rows[:, 1]]
     left_texts, right_texts = job.texts(0), job.texts(last)
-    features = features_array([(left_texts[i], right_texts[j]) for i, j in rows])
+    features = features_array([(left_texts[i], right_texts[j]) for i, j in rows], _read_signals)
     probability = head.probability(u, v, features)
     keep = probability >= job.min_probability
     left_ids, right_ids = job.ids(0), job.ids(last)

@@ -118,6 +118,7 @@ class _Model:
         return out
 
     def logits(self, u: Any, v: Any, features: Any) -> Any:
+        """The head on `head.head_inputs`' layout, in torch for the gradients."""
         import torch
 
         cosine = (u * v).sum(1, keepdim=True)
