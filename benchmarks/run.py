@@ -644,8 +644,9 @@ def render_spell(report: dict[str, Any]) -> list[str]:
     lines = [
         "## 8. The spelling correctors: training, accuracy against SymSpell, serving", "",
         "Two correctors, both learned here from the same data: `spell`, the noisy channel "
-        "(`queryserve train spell-channel`: catalog word bigrams and the typo model learned "
-        "from real misspellings, `src/queryserve/spell/channel.py`), and `spell-seq2seq`, the "
+        "(`queryserve train spell-channel`: catalog word bigrams, web text's word frequencies "
+        "for the words the catalog never saw, and the typo model learned from real "
+        "misspellings, `src/queryserve/spell/channel.py`), and `spell-seq2seq`, the "
         "character-level BART `queryserve train spell` trained for 40 minutes (section 7).", "",
         "Training speed of the seq2seq model, `queryserve train spell OUT --measure-speed`: the "
         "same model and example stream, 12 timed steps each after 2 untimed, PyTorch on 2 "

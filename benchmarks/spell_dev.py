@@ -1,16 +1,23 @@
-"""How the noisy channel's search limits were chosen: accuracy on a development split of the
-*training* queries, never on the held-out ones `queryserve eval spell` reports.
+"""How the noisy channel's parameters were chosen: figures on development splits of the
+*training* data, never on the held-out ones `queryserve eval spell` reports.
 
-1,000 training queries are drawn (seed 123) and left out of the language model; each is
-misspelled by the noise model learned from the training misspellings (one word, as in the
-evaluation). Each row relearns the tables without them and corrects the misspelled queries
-(accuracy) and the clean ones (false corrections). Run: `python benchmarks/spell_dev.py`.
+- Queries: `spell.data.development_catalog`, catalog items held out of the training side the
+  way the held-out split is made (unseen names included); 1,000 of its queries are drawn
+  (seed 7), each misspelled once by the noise model (accuracy) and kept as is (false
+  corrections).
+- Words: the training misspellings of the words in the next 10% of hashes after the
+  held-out ones; the typo model and the list of known typos learn from the other training
+  words. 1,000 misspellings that are not dictionary words are corrected alone (word
+  accuracy).
+
+Each row relearns the tables without the development data. Run:
+`python benchmarks/spell_dev.py` (about two minutes on 2 cores).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -20,43 +27,61 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from queryserve.spell import channel  # noqa: E402
 from queryserve.spell.corrector import normalized  # noqa: E402
-from queryserve.spell.data import load_catalog, load_misspellings, load_words  # noqa: E402
+from queryserve.spell.data import (  # noqa: E402
+    HELD_OUT_WORDS,
+    development_catalog,
+    held_out,
+    load_misspellings,
+    load_web_words,
+    load_words,
+)
 from queryserve.spell.noise import NoiseModel  # noqa: E402
 
-LETTERS_ONLY = re.compile(r"[a-z]+(?:'[a-z]+)*")  # the tokens searched before "_" and "-"
-VARIANTS = [  # (name, MAX_CANDIDATES, MAX_LATTICE, token pattern)
-    ("24 candidates, lattice 8, letters only", 24, 8, LETTERS_ONLY),
-    ("24 candidates, lattice 8", 24, 8, channel._WORD),
-    ("32 candidates, lattice 12", 32, 12, channel._WORD),
-    ("64 candidates, lattice 16 (shipped)", 64, 16, channel._WORD),
+DEFAULT = channel.ChannelParameters()
+DEV_WORDS = HELD_OUT_WORDS + 0.10  # the next 10% of word hashes after the held-out ones
+VARIANTS = [  # (name, MAX_CANDIDATES, MAX_LATTICE, parameters)
+    ("24 candidates, lattice 8, no web words", 24, 8, dataclasses.replace(DEFAULT, web_weight=0)),
+    ("64 candidates, lattice 16, no web words", 64, 16,
+     dataclasses.replace(DEFAULT, web_weight=0)),
+    ("64 candidates, lattice 16, web words at weight 1 (shipped)", 64, 16, DEFAULT),
+    ("64 candidates, lattice 16, web words at weight 10", 64, 16,
+     dataclasses.replace(DEFAULT, web_weight=10)),
 ]
 
 
 def main() -> None:
     data = ROOT / "data"
-    catalog, misspellings = load_catalog(data), load_misspellings(data)
-    rng = random.Random(123)
-    development = rng.sample(catalog.train, 1000)
-    left_out = set(development)
-    rest = [q for q in catalog.train if q not in left_out]
-    noise = NoiseModel.learn(misspellings.train)
-    misspelled = [(typed, q) for q in development
+    catalog, misspellings = development_catalog(data), load_misspellings(data)
+    rng = random.Random(7)
+    clean = rng.sample(catalog.held_out, 1000)
+    learned = [(t, w) for t, w in misspellings.train if not held_out(w, DEV_WORDS)]
+    noise = NoiseModel.learn(learned)
+    misspelled = [(typed, q) for q in clean
                   if (typed := noise.corrupt_query(q, rng, replay=False)) != q]
-    tables = channel.ChannelTables.learn(rest, misspellings.lexicon + load_words(data), noise)
-    print("| variant | accuracy (misspelled) | false corrections (clean) | queries/s |")
-    print("|---|---:|---:|---:|")
-    for name, candidates, lattice, pattern in VARIANTS:
-        channel.MAX_CANDIDATES, channel.MAX_LATTICE, channel._WORD = candidates, lattice, pattern
+    dictionary = misspellings.lexicon + load_words(data)
+    known = set(dictionary)
+    words = rng.sample([(t, w) for t, w in misspellings.train
+                        if held_out(w, DEV_WORDS) and t not in known and t.isalpha()], 1000)
+    web = load_web_words(DEFAULT.web_min_zipf)
+    print("| variant | query accuracy (misspelled) | false corrections (clean) "
+          "| word accuracy | queries/s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, candidates, lattice, parameters in VARIANTS:
+        channel.MAX_CANDIDATES, channel.MAX_LATTICE = candidates, lattice
+        tables = channel.ChannelTables.learn(catalog.train, dictionary, noise, parameters,
+                                             web=web, typos={t for t, _ in learned})
         corrector = channel.NoisyChannel(tables)
         started = time.perf_counter()
         fixed = corrector.correct([typed for typed, _ in misspelled])
-        clean = corrector.correct(development)
-        rate = (len(fixed) + len(clean)) / (time.perf_counter() - started)
+        kept = corrector.correct(clean)
+        rate = (len(fixed) + len(kept)) / (time.perf_counter() - started)
+        alone = corrector.correct([typed for typed, _ in words])
         right = sum(c.corrected == normalized(q) for c, (_, q) in zip(fixed, misspelled,
                                                                       strict=True))
-        changed = sum(c.changed for c in clean)
+        changed = sum(c.changed for c in kept)
+        fixed_words = sum(c.corrected == w for c, (_, w) in zip(alone, words, strict=True))
         print(f"| {name} | {right / len(misspelled):.1%} | {changed / len(clean):.1%} | "
-              f"{rate:.0f} |")
+              f"{fixed_words / len(words):.1%} | {rate:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -184,12 +184,27 @@ def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> N
     from queryserve.spell.channel import FILE, build_channel_model
 
     target = repository / "spell"
-    if not force and (target / "model.yaml").is_file() and (target / FILE).is_file():
+    if not force and (target / "model.yaml").is_file() and _channel_current(target / FILE):
         print("spell: already prepared (noisy channel); `queryserve prepare --force` rebuilds it")
         return
     built = build_channel_model(target, data)
     print(f"spell: noisy channel learned from {built['queries']:,} queries and "
-          f"{built['misspellings']:,} misspellings ({built['words']:,} words)")
+          f"{built['misspellings']:,} misspellings ({built['words']:,} words, and "
+          f"{built['web_words']:,} more from web text)")
+
+
+def _channel_current(path: Path) -> bool:
+    """Whether `path` holds tables learned with this version's parameters: a release that
+    changes them relearns the channel (seconds) instead of serving the old one."""
+    from dataclasses import asdict
+
+    from queryserve.spell.channel import ChannelParameters
+
+    try:
+        stored = json.loads(path.read_text())["parameters"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return bool(stored == json.loads(json.dumps(asdict(ChannelParameters()))))
 
 
 def prepare_spell_seq2seq(repository: Path, force: bool = False,

@@ -178,6 +178,26 @@ def test_channel_model_is_served_as_it_corrects_in_process(channel_folder: Path,
         stop_server(server)
 
 
+def test_prepare_keeps_a_current_channel_and_relearns_a_stale_one(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from queryserve.prepare import prepare_spell
+
+    prepare_spell(tmp_path, data=data)
+    tables = tmp_path / "spell" / "channel.json"
+    learned = tables.read_bytes()
+    assert "more from web text" in capsys.readouterr().out
+    prepare_spell(tmp_path, data=data)
+    assert "already prepared" in capsys.readouterr().out
+    # Tables learned with other parameters than this version's (an older release's) are
+    # relearned, not served.
+    raw = json.loads(learned)
+    raw["parameters"]["web_weight"] = 2.0
+    tables.write_text(json.dumps(raw))
+    prepare_spell(tmp_path, data=data)
+    assert "already prepared" not in capsys.readouterr().out
+    assert tables.read_bytes() == learned
+
+
 def test_eval_spell_compares_with_symspell(served_folder: Path, channel_folder: Path,
                                            data: Path, tmp_path: Path) -> None:
     scores_file = tmp_path / "scores.json"

@@ -52,3 +52,19 @@ def test_saved_tables_correct_as_the_learned_ones(channel: NoisyChannel, tmp_pat
     queries = ["taylor swfit", "plae some jaz", "blank spase", "music"]
     assert loaded.correct(queries) == channel.correct(queries)
     assert loaded.parameters == channel.parameters
+
+
+def test_words_of_web_text_stay_as_typed_but_known_typos_do_not(
+        channel: NoisyChannel, tmp_path: Path) -> None:
+    web = {"jams": 4.2, "passive": 4.3, "space": 5.0, "swfit": 2.0, "plae": 1.5}
+    tables = ChannelTables.learn(CATALOG, ["music", "coffees"], NoiseModel.learn(TYPOS),
+                                 web=web, typos=[typed for typed, _ in TYPOS])
+    assert sorted(tables.web) == ["jams", "passive"]  # not the catalog's words, nor typos
+    queries = ["play some jams", "passive pit", "taylor swfit", "plae some jazz"]
+    assert [c.corrected for c in channel.correct(queries)] == [
+        "play some jazz", "passion pit", "taylor swift", "play some jazz"]
+    with_web = NoisyChannel(tables)
+    assert [c.corrected for c in with_web.correct(queries)] == [
+        "play some jams", "passive pit", "taylor swift", "play some jazz"]
+    tables.save(tmp_path)
+    assert NoisyChannel.load(tmp_path).correct(queries) == with_web.correct(queries)

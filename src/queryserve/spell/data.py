@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import zlib
 from collections.abc import Iterable
@@ -89,6 +90,25 @@ def load_catalog(data: Path = DATA) -> Catalog:
     return Catalog([q for q in train if q not in test], list(test))
 
 
+def development_catalog(data: Path = DATA) -> Catalog:
+    """The training side of `load_catalog` split again, the same way, for choosing parameters
+    without looking at the held-out queries: the items in the next 5% of hashes and 10% of
+    MASSIVE's training utterances become `held_out`; the held-out items are left out."""
+    train: dict[str, None] = {}
+    development: dict[str, None] = {}
+    for key, queries in [*_song_queries(data), *_product_queries(data)]:
+        if not held_out(key, HELD_OUT_ITEMS):
+            side = development if held_out(key, 2 * HELD_OUT_ITEMS) else train
+            side.update((q, None) for q in queries if 0 < len(q) <= MAX_QUERY_CHARS)
+    for q in _massive(data, "train"):
+        if len(q) <= MAX_QUERY_CHARS:
+            (development if held_out(q, 0.10) else train)[q] = None
+    test = set(load_catalog(data).held_out)
+    development = {q: None for q in development if q not in test}
+    return Catalog([q for q in train if q not in development and q not in test],
+                   list(development))
+
+
 def clean_texts(catalog: Catalog, misspellings: Misspellings) -> list[str]:
     """What the corrector and its baseline know as correctly spelled: the training catalog's
     queries and the lexicon (the model trains on them, SymSpell's dictionary is their words)."""
@@ -98,6 +118,18 @@ def clean_texts(catalog: Catalog, misspellings: Misspellings) -> list[str]:
 def load_words(data: Path = DATA) -> list[str]:
     """Common English words: the dictionary correctors' knowledge beyond the catalog."""
     return (data / "english-words" / "words.txt").read_text().split()
+
+
+def load_web_words(min_zipf: float) -> dict[str, float]:
+    """English words of web text and their Zipf frequency (log10 of uses per billion words),
+    from the `wordfreq` package's "large" list (Wikipedia, subtitles, news, books, web
+    crawls, Reddit and Twitter; data CC BY-SA 4.0): the noisy channel's evidence that an
+    unseen word ("errands", "schism", "costco") is a word, not a typo."""
+    from wordfreq import get_frequency_dict
+
+    frequencies = get_frequency_dict("en", wordlist="large")  # uses per word of text
+    return {word: zipf for word, frequency in frequencies.items()
+            if (zipf := math.log10(frequency * 1e9)) >= min_zipf}
 
 
 def dictionary_texts(catalog: Catalog, misspellings: Misspellings, words: list[str]) -> list[str]:
