@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -44,6 +45,11 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
         loop.add_signal_handler(sig, stop.set)
     await loop.run_in_executor(None, repository.load_all)
     await loop.run_in_executor(None, app.load_search)
+    # What loading made (tokenizers, the spell channel's tables, the catalog, the index's
+    # items) lives as long as the server. Frozen, the cyclic collector no longer walks it:
+    # one full pass over it took 43-57 ms in the middle of a search benchmark.
+    gc.collect()
+    gc.freeze()
     app.loading = False
     log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
     if started is not None:
