@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from rapidfuzz.distance import Levenshtein
 
 from queryserve.types import Array
 
@@ -62,14 +63,6 @@ def quantities(text: str) -> dict[str, set[float]]:
     return found
 
 
-def _one_edit_apart(a: str, b: str) -> bool:
-    if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
-    short, long = (a, b) if len(a) < len(b) else (b, a)
-    return len(long) - len(short) == 1 and any(long[:i] + long[i + 1:] == short
-                                               for i in range(len(long)))
-
-
 @dataclass(frozen=True, slots=True)
 class TextSignals:
     """What the features read of one text."""
@@ -106,7 +99,8 @@ def _compare(sa: TextSignals, sb: TextSignals) -> list[float]:
     # likeliest false match of a product line.
     sibling = 0.5
     if ca and cb and not inside:
-        sibling = 1.0 if any(_one_edit_apart(x, y) or x.startswith(y) or y.startswith(x)
+        sibling = 1.0 if any(Levenshtein.distance(x, y, score_cutoff=1) == 1
+                             or x.startswith(y) or y.startswith(x)
                              for x in ca for y in cb) else 0.0
     qa, qb = sa.quantities, sb.quantities
     units = qa.keys() & qb.keys()
