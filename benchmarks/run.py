@@ -856,6 +856,7 @@ def hit_at_10(url: str, queries: list[tuple[str, str, str]]) -> dict[str, float]
 
 
 def search_figures() -> dict[str, Any]:
+    from queryserve.search import index
     from queryserve.spell.evaluate import EvalSets
 
     log("  ANN recall@10 against exact search, 1,000 held-out catalog queries")
@@ -883,17 +884,18 @@ def search_figures() -> dict[str, Any]:
     return {"recall": recall, "real_queries": len(real), "hits": hits,
             "counts": {"catalog songs": len(catalog_songs), "held-out songs": len(new_songs),
                        "catalog songs, title only": len(titles)},
-            "at_150": at_150, "max": at_max, "rss_mb": rss}
+            "at_150": at_150, "max": at_max, "rss_mb": rss,
+            "hnsw": {**index.HNSW, "efSearch": index.EXPANSION_SEARCH}}
 
 
 def render_search(report: dict[str, Any]) -> list[str]:
     at_150 = report["at_150"]["steps"][0]["latency_ms"]
-    hits = report["hits"]
+    hits, hnsw = report["hits"], report["hnsw"]
     return [
         "## 10. The search bar: spell -> embed -> ANN, with intent alongside", "",
-        f"ANN (faiss HNSW, inner product on unit vectors, M 32, efSearch 400) against exact "
-        f"search (a full matrix "
-        f"product), recall@10 over {report['real_queries']:,} held-out catalog queries "
+        f"ANN (faiss HNSW, inner product on unit vectors, M {hnsw['M']}, efConstruction "
+        f"{hnsw['efConstruction']}, efSearch {hnsw['efSearch']}) against exact search (a full "
+        f"matrix product), recall@10 over {report['real_queries']:,} held-out catalog queries "
         "(`EvalSets.clean`: songs, product titles, MASSIVE), embedded by `embed`. ANN time: "
         "one query at a time, as the server asks; exact time: all 1,000 in one matrix "
         "product, per query:", "",

@@ -53,10 +53,16 @@ def test_index_is_built_searched_and_rebuilt_when_the_encoder_changes(data: Path
     # Not exactly 1: the int8 encoder quantizes activations per batch, so a text's vector
     # moves a little with the batch it was embedded in.
     assert first[0][0] == songs.items[0] and first[0][1] == pytest.approx(1.0, abs=0.02)
-    # Another encoder's vectors are not comparable: the index is no longer current.
+    # Another encoder's vectors are not comparable, and another graph has another recall:
+    # either way the index is no longer current.
     meta = tmp_path / "index" / "songs" / "meta.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "encoder": "another"}))
+    built_meta = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**built_meta, "encoder": "another"}))
     assert not index_is_current(tmp_path / "index", encoder)
+    meta.write_text(json.dumps({**built_meta, "hnsw": {"M": 16, "efConstruction": 40}}))
+    assert not index_is_current(tmp_path / "index", encoder)
+    meta.write_text(json.dumps(built_meta))
+    assert index_is_current(tmp_path / "index", encoder)
 
 
 def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -> None:
