@@ -68,3 +68,26 @@ def test_words_of_web_text_stay_as_typed_but_known_typos_do_not(
         "play some jams", "passive pit", "taylor swift", "play some jazz"]
     tables.save(tmp_path)
     assert NoisyChannel.load(tmp_path).correct(queries) == with_web.correct(queries)
+
+
+def test_the_deletion_index_finds_exactly_the_words_a_full_scan_finds() -> None:
+    from rapidfuzz.distance import OSA
+
+    from queryserve.spell.deletions import DeletionIndex, deletions
+
+    words = sorted({w for text in CATALOG for w in text.split()} | {
+        "a", "an", "at", "ox", "to", "top", "pot", "opt", "stop", "spot", "post", "posts",
+        "jazz", "jazzy", "swift", "swifts", "shift", "sift", "thrift", "passion", "pension"})
+    index = DeletionIndex(words, depth=2)
+    typed_words = ["", "a", "o", "ot", "tpo", "stpo", "psot", "jaz", "jzaz", "swfit", "siwft",
+                   "shfit", "pasion", "pssion", "passoin", "xyz", "zzzzzz", "taylr", "13"]
+    for typed in typed_words:
+        for reach in (1, 2):
+            scanned = {(w, OSA.distance(typed, w)) for w in words
+                       if OSA.distance(typed, w) <= reach}
+            assert set(index.near(typed, reach)) == scanned, (typed, reach)
+    # A transposition and a substitution each cost one deletion on both sides.
+    assert deletions("stop", 1) & deletions("stpo", 1) and deletions("jazz", 1) & \
+        deletions("jaxz", 1)
+    with pytest.raises(ValueError, match="deeper than the index"):
+        index.near("swift", 3)

@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from queryserve.spell.corrector import Correction, correction, normalized
+from queryserve.spell.deletions import DeletionIndex
 from queryserve.spell.noise import (
     BUCKETS,
     MAX_EDITS,
@@ -53,6 +54,10 @@ DISCOUNT = 0.75
 _WORD = re.compile(r"(?=.*[a-z])[a-z_]+(?:['-][a-z_]+)*-?")
 MAX_CANDIDATES = 64  # per typed word scored by the channel: nearest and most frequent first
 MAX_LATTICE = 16  # of those, the likeliest alone (P(typed | word) P(word)) go into the lattice
+# Typed words searched up to 2 edits deep find their candidates in a deletion index of the
+# words up to 8 letters (a 6-letter word's reach); longer searches scan the vocabulary, which
+# took 1.3 ms per typed word of up to 6 letters where the index takes 0.2 ms.
+INDEX_DEPTH, INDEX_LONGEST = 2, 8
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,9 @@ class NoisyChannel:
         self.by_length: dict[int, list[str]] = defaultdict(list)
         for word in sorted(self.unigrams):
             self.by_length[len(word)].append(word)
+        self.deletions = DeletionIndex(
+            [w for length in range(INDEX_LONGEST + 1) for w in self.by_length.get(length, ())],
+            INDEX_DEPTH)
         self.substitute_totals = {a: sum(c.values()) for a, c in tables.substitutes.items()}
         self.insert_totals = {a: sum(c.values()) for a, c in tables.inserts.items()}
         self.keep = math.log(1 - p.p_typo)
@@ -224,6 +232,8 @@ class NoisyChannel:
             near if len(typed) <= 3 else medium if len(typed) <= 6 else far
         if reach == 1:  # a few hundred lookups beat a scan of the vocabulary
             near_words = [(w, 1) for w in _one_edit(typed, self.letters) if w in self.unigrams]
+        elif reach <= INDEX_DEPTH and len(typed) + reach <= INDEX_LONGEST:
+            near_words = self.deletions.near(typed, reach)
         else:
             near_words = [(word, int(distance))
                           for length in range(len(typed) - reach, len(typed) + reach + 1)

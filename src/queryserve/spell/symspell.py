@@ -14,16 +14,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 from queryserve.spell.corrector import Correction
+from queryserve.spell.deletions import deletions
 from queryserve.spell.noise import align
-
-
-def _deletes(word: str, depth: int) -> set[str]:
-    found = {word}
-    frontier = {word}
-    for _ in range(depth):
-        frontier = {w[:i] + w[i + 1:] for w in frontier for i in range(len(w)) if len(w) > 1}
-        found |= frontier
-    return found
 
 
 class SymSpell:
@@ -34,14 +26,14 @@ class SymSpell:
         self.counts: Counter[str] = Counter(w for text in texts for w in text.split())
         self.index: dict[str, list[str]] = defaultdict(list)
         for word in self.counts:
-            for key in _deletes(word[:prefix], max_distance):
+            for key in deletions(word[:prefix], max_distance, shortest=1):
                 self.index[key].append(word)
 
     def word(self, typed: str) -> str:
         if typed in self.counts or not any(c.isalpha() for c in typed) or \
                 any(c.isdigit() for c in typed):
             return typed
-        candidates = {w for key in _deletes(typed[:self.prefix], self.max_distance)
+        candidates = {w for key in deletions(typed[:self.prefix], self.max_distance, shortest=1)
                       for w in self.index.get(key, ())}
         # Ties go to the alphabetically first word, so that a run does not depend on the set
         # order that string hashing gives each process.
