@@ -10,6 +10,8 @@ drops the few others.
 
 from __future__ import annotations
 
+import itertools
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,16 +42,16 @@ class DeletionIndex:
     def __init__(self, words: Sequence[str], depth: int) -> None:
         self.words = list(words)
         self.depth = depth
-        keys: list[int] = []
-        rows: list[int] = []
+        # Typed arrays, not lists: a million Python ints would add tens of MB to the peak.
+        keys, rows = array("q"), array("i")
         for row, word in enumerate(self.words):
-            for key in deletions(word, depth):
-                keys.append(hash(key))
-                rows.append(row)
-        hashes = np.array(keys, dtype=np.int64)
+            found = deletions(word, depth)
+            keys.extend(hash(key) for key in found)
+            rows.extend(itertools.repeat(row, len(found)))
+        hashes = np.frombuffer(keys, dtype=np.int64)
         order = np.argsort(hashes, kind="stable")
         self.keys = hashes[order]
-        self.rows = np.array(rows, dtype=np.int32)[order]
+        self.rows = np.frombuffer(rows, dtype=np.int32)[order]
 
     def near(self, typed: str, reach: int) -> list[tuple[str, int]]:
         """(word, distance) for every word within `reach` edits of `typed` (optimal string
