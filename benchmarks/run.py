@@ -876,15 +876,20 @@ def search_figures() -> dict[str, Any]:
                 "held-out songs": hit_at_10(url, new_songs),
                 "catalog songs, title only": hit_at_10(url, titles)}
         common = ("--protocol", "search", "--model", "search", "--queries", str(payload))
-        log("  /v1/search: 150 req/s for 10 s")
-        at_150 = bench(url, *common, "--rate", "150", "--duration", "10", name="search-150")
+        # Three steady runs: one 10 s run's p99 moved between 20 and 40 ms with the shared
+        # machine's load alone, from one run to the next.
+        log("  /v1/search: 150 req/s for 10 s, three times")
+        runs = [bench(url, *common, "--rate", "150", "--duration", "10",
+                      name=f"search-150-{i}") for i in (1, 2, 3)]
+        at_150 = sorted(runs, key=lambda r: r["steps"][0]["latency_ms"]["p99"])[1]
         log("  /v1/search: max rate at p99 <= 25 ms")
         at_max = bench(url, *common, "--find-max", "--p99-ms", "25", name="search-max-25ms")
         rss = peak_rss_mb(proc.pid)
     return {"recall": recall, "real_queries": len(real), "hits": hits,
             "counts": {"catalog songs": len(catalog_songs), "held-out songs": len(new_songs),
                        "catalog songs, title only": len(titles)},
-            "at_150": at_150, "max": at_max, "rss_mb": rss,
+            "at_150": at_150, "at_150_p99s": [r["steps"][0]["latency_ms"]["p99"] for r in runs],
+            "max": at_max, "rss_mb": rss,
             "hnsw": {**index.HNSW, "efSearch": index.EXPANSION_SEARCH}}
 
 
@@ -918,7 +923,9 @@ def render_search(report: dict[str, Any]) -> list[str]:
         "Serving, `queryserve serve` with the default repository (embed, spell, spell-seq2seq, "
         "intent) and `queryserve bench --protocol search` on the same 2 cores, one misspelled "
         "catalog-song query per request:", "",
-        f"- at 150 req/s for 10 s: p50 {_ms(at_150['p50'])}, p99 **{_ms(at_150['p99'])}** ms "
+        f"- at 150 req/s for 10 s, three runs in a row: p99 "
+        f"{' / '.join(_ms(v) for v in report['at_150_p99s'])} ms; the median run: p50 "
+        f"{_ms(at_150['p50'])}, p99 **{_ms(at_150['p99'])}** ms "
         f"(`{report['at_150']['command_shown']}`);",
         f"- highest rate with p99 <= 25 ms: **{_rate(report['max']['search']['max_rate'])} "
         f"req/s** (`{report['max']['command_shown']}`);",
