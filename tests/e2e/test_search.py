@@ -34,8 +34,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_index_is_built_searched_and_rebuilt_when_the_encoder_changes(data: Path,
-                                                                      tmp_path: Path) -> None:
+def test_index_is_built_searched_and_rebuilt_when_the_encoder_or_graph_changes(
+        data: Path, tmp_path: Path) -> None:
     encoder = REPOSITORY / "embed"
     built = build_index(tmp_path / "index", encoder, data, progress=False)
     assert built["songs"] == 119 and built["products"] == 6 * 119

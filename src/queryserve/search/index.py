@@ -31,10 +31,10 @@ from queryserve.types import Array
 EMBED_BATCH = 64
 ANN_FILE = "ann.faiss"
 CONNECTIVITY = 32  # HNSW's M: links per node
-# A graph built with a wide search (efConstruction 400, against 128) reaches the same recall
-# with a narrower one per query: on 1,000 held-out queries, recall@10 0.991 (songs) and 0.985
-# (products) at efSearch 128, where the narrower build needed 400 for 0.995 / 0.989, at about
-# twice the time per query. It costs about 25 s more in `queryserve prepare`, once.
+# A graph built with a wider search (efConstruction 400, against 128) keeps its recall with a
+# narrower search per query: on 1,000 held-out queries, recall@10 0.994 (songs) and 0.990
+# (products) at efSearch 160, where the graph built at 128 needed efSearch 400 for 0.995 /
+# 0.989, at about twice the time per query. The build takes about 25 s more, once, in prepare.
 EXPANSION_ADD = 400  # efConstruction
 EXPANSION_SEARCH = 160  # efSearch: recall@10 >= 0.98 on both catalogs (BENCHMARKS.md section 10)
 HNSW = {"M": CONNECTIVITY, "efConstruction": EXPANSION_ADD}  # in meta.json: a change rebuilds
