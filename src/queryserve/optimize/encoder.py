@@ -127,14 +127,22 @@ def batches(tokenizer: Tokenizer, items: Sequence[Item], batch_size: int,
 # -- sessions, outputs and the gate ----------------------------------------------------------
 
 
-def _session(model: Path | bytes, threads: int = THREADS) -> ort.InferenceSession:
-    """The server's session settings (backends/onnxruntime.py), so timings match serving."""
+def _session(model: Path | bytes, threads: int = THREADS,
+             spinning: bool = False) -> ort.InferenceSession:
+    """The server's session settings (backends/onnxruntime.py). Timed engines spin
+    (`spinning`, ONNX Runtime's default): an engine alone in its process is timed with its
+    own defaults, as PyTorch is, whose OpenMP threads spin too. On two threads spinning
+    gave about 1.45x the queries/s at batch 1 (fp32 256 -> 368, int8 459 -> 677) and 1.18x
+    for int8 at batch 32 (822 -> 970), medians of 3 interleaved rounds. The server turns it
+    off, because there the event loop needs the cores between batches (BENCHMARKS.md
+    section 3)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     "1" if spinning else "0")
     options.log_severity_level = 3  # the quantized graphs draw harmless shape-merge warnings
     source = str(model) if isinstance(model, Path) else model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
@@ -221,7 +229,7 @@ def export_onnx(hf_dir: Path, out_path: Path) -> None:
 def throughput(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], batch_size: int,
                seconds: float, *, repeats: int = TIMING_ROUNDS) -> float:
     """Median queries/s over `repeats` runs of at least `seconds` each, tokenization included."""
-    session = _session(onnx_path)
+    session = _session(onnx_path, spinning=True)
     tokenizer = load_tokenizer(tokenizer_path)
     _warm_up(session, tokenizer, queries, batch_size)
     return statistics.median(_measure(session, tokenizer, queries, batch_size, seconds)
@@ -254,7 +262,8 @@ def _warm_up(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Seque
 def _time_variants(paths: Mapping[str, Path], tokenizer: Tokenizer, items: Sequence[Item],
                    seconds: float, rounds: int, steps: Steps) -> dict[str, dict[int, float]]:
     """Median q/s per variant and batch size, rounds interleaving the variants."""
-    runners = {name: _runner(_session(path), tokenizer) for name, path in paths.items()}
+    runners = {name: _runner(_session(path, spinning=True), tokenizer)
+               for name, path in paths.items()}
     return time_runners(runners, items, seconds, rounds, steps)
 
 
@@ -419,7 +428,7 @@ def _write_report(report: PrepareReport, plan: Plan) -> None:
                    "seconds_per_round": plan.timing_seconds, "rounds": plan.timing_rounds,
                    "statistic": "median", "tokenization_included": True,
                    "intra_op_num_threads": THREADS, "inter_op_num_threads": 1,
-                   "execution_mode": "sequential", "allow_spinning": False},
+                   "execution_mode": "sequential", "allow_spinning": True},
         "onnxruntime": ort.__version__,
     })
 
