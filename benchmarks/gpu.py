@@ -36,7 +36,7 @@ import numpy as np
 import onnxruntime as ort
 
 from queryserve.backends import Backend
-from queryserve.backends.onnxruntime import OnnxRuntimeBackend
+from queryserve.backends.onnxruntime import CPU_DISABLED_OPTIMIZERS, OnnxRuntimeBackend
 from queryserve.config import ModelConfig, load_model_config
 from queryserve.pipelines.base import load_tokenizer
 from queryserve.pipelines.text_embedding import pad_token_ids
@@ -132,7 +132,8 @@ def on_cpu(backend: OnnxRuntimeBackend, path: Path) -> OnnxRuntimeBackend:
     """The same backend and session options on the CPU provider alone: the backend always
     takes CUDA when the build has it, and the comparison needs both on one machine."""
     options = backend.session.get_session_options()
-    backend.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    backend.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
     backend.providers = tuple(backend.session.get_providers())
     return backend
 

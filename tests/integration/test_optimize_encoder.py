@@ -19,8 +19,8 @@ from onnx import numpy_helper
 
 from queryserve.errors import ExportError
 from queryserve.optimize import encoder
-from queryserve.optimize.recipes import recipes_for
-from queryserve.prepare import read_utterances
+from queryserve.optimize.recipes import RECIPES_VERSION, recipes_for
+from queryserve.prepare import _already_prepared, read_utterances
 from tests.conftest import ROOT, minilm_dir
 
 DATA = ROOT / "data" / "massive-en"
@@ -173,6 +173,38 @@ def test_prepare_writes_the_model_folder(prepared: encoder.PrepareReport) -> Non
             assert row["file"] == f"variants/{name}.onnx" and f"{name}.onnx" in kept
             assert set(row["queries_per_second"]) == {"batch_1", "batch_32"}
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_fused_graphs_leave_residual_adds_to_layer_normalization(
+        prepared: encoder.PrepareReport) -> None:
+    # ONNX Runtime's CPU SkipLayerNormalization kernel is slow (recipes.py): the fused graph
+    # keeps its attention fusions but not that one, and prepare.json says which recipes built it.
+    folder = prepared.model_path.parent
+    graphs = {p.name: onnx.load(str(p), load_external_data=False).graph
+              for p in [prepared.model_path, *(folder / "variants").glob("*.onnx")]}
+    for name, graph in graphs.items():
+        ops = {n.op_type for n in graph.node}
+        assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops, name
+    fused = [name for name, graph in graphs.items()
+             if any(n.op_type in ("Attention", "QAttention") for n in graph.node)]
+    assert fused, "no variant has fused attention"
+    document = json.loads((folder / "prepare.json").read_text())
+    assert document["recipes_version"] == RECIPES_VERSION
+
+
+def test_prepare_rebuilds_an_encoder_built_by_older_recipes(
+        prepared: encoder.PrepareReport, tmp_path: Path) -> None:
+    folder = tmp_path / "embed"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"")
+    document = json.loads((prepared.model_path.parent / "prepare.json").read_text())
+    (folder / "prepare.json").write_text(json.dumps(document))
+    assert _already_prepared(folder, "model.onnx", force=False)
+    assert not _already_prepared(folder, "model.onnx", force=True)
+    document["recipes_version"] = RECIPES_VERSION - 1
+    (folder / "prepare.json").write_text(json.dumps(document))
+    assert not _already_prepared(folder, "model.onnx", force=False)
+    assert _already_prepared(folder, "model.onnx", force=False, encoder=False)
 
 
 def test_the_chosen_model_returns_unit_rows_of_384(prepared: encoder.PrepareReport,

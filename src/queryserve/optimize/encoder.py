@@ -32,6 +32,7 @@ import onnxruntime as ort
 from rich.progress import Progress
 from tokenizers import Tokenizer
 
+from queryserve.backends.onnxruntime import CPU_DISABLED_OPTIMIZERS
 from queryserve.errors import ExportError
 from queryserve.optimize.gate import (
     FP32_MAX_PROBABILITY_ERROR,
@@ -68,6 +69,7 @@ from queryserve.optimize.plan import (
 )
 from queryserve.optimize.recipes import (
     RECIPES,
+    RECIPES_VERSION,
     SMOOTHING_ALPHA,
     BuildInputs,
     Precision,
@@ -145,7 +147,8 @@ def _session(model: Path | bytes, threads: int = THREADS,
                                      "1" if spinning else "0")
     options.log_severity_level = 3  # the quantized graphs draw harmless shape-merge warnings
     source = str(model) if isinstance(model, Path) else model
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
 
 
 def _input_names(session: ort.InferenceSession) -> tuple[str, ...]:
@@ -430,6 +433,7 @@ def _write_report(report: PrepareReport, plan: Plan) -> None:
                    "intra_op_num_threads": THREADS, "inter_op_num_threads": 1,
                    "execution_mode": "sequential", "allow_spinning": True},
         "onnxruntime": ort.__version__,
+        "recipes_version": RECIPES_VERSION,
     })
 
 

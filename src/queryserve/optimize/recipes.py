@@ -1,8 +1,8 @@
 """Variant recipes: each turns an exported fp32 encoder into a faster graph.
 
 Recipes kept (each passed the gate and won somewhere when they were explored; the rest are gone):
-- `fp32-fused`: ONNX Runtime's transformer fusions (Attention, SkipLayerNormalization, ...):
-  faster than `fp32` for lone queries, level at batch 32.
+- `fp32-fused`: ONNX Runtime's transformer fusions (Attention, BiasGelu, EmbedLayerNormalization;
+  not SkipLayerNormalization, whose CPU kernel is slow): faster than `fp32` for lone queries.
 - `int8-smoothquant` (plain graph) and `int8-smoothquant-fused` (fused graph): SmoothQuant-style
   scaling calibrated on real text, then dynamic int8 with per-channel weights. The fused one is
   faster for lone queries, the plain one at batch 32, so both are timed. Plain dynamic int8 is
@@ -41,6 +41,9 @@ PRECISIONS: tuple[Precision, ...] = ("fp32", "fp16", "int8", "bf16")
 # 0.5..0.9 (0.5 is worse than no smoothing here; 0.9 pushes too much range into the weights).
 SMOOTHING_ALPHA = 0.75
 CALIBRATION_BATCH = 32
+# Stored in each prepared encoder's prepare.json; `queryserve prepare` rebuilds an encoder built
+# by another version. 2: residual adds left unfused (see `fuse_transformer_ops`).
+RECIPES_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,22 @@ def fuse_transformer_ops(src: Path, dst: Path, inputs: BuildInputs | None = None
     """ONNX Runtime's BERT fusions; Python-level only (opt_level 0) so the file stays portable:
     the session applies its own hardware-specific optimisations when it loads the model.
     The "bert" fusions cover BERT, RoBERTa and DistilBERT; a pattern they do not recognise
-    (MPNet's relative attention) is left unfused, and the gate checks the result either way."""
+    (MPNet's relative attention) is left unfused, and the gate checks the result either way.
+
+    Residual adds stay Add + LayerNormalization rather than SkipLayerNormalization: see
+    `CPU_DISABLED_OPTIMIZERS` for why (a GPU session fuses them itself)."""
     import onnx
     from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
 
     meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
+    options = FusionOptions("bert")
+    options.enable_skip_layer_norm = False
+    options.enable_bias_skip_layer_norm = False
     fused = optimizer.optimize_model(
         str(src), model_type="bert", num_heads=int(meta["num_attention_heads"]),
         hidden_size=int(meta["hidden_size"]), opt_level=0, use_gpu=False,
+        optimization_options=options,
     )
     stats = {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
     log.info("fused operators: %s", stats)
@@ -135,7 +146,7 @@ _INT8 = (f"SmoothQuant scaling (alpha {SMOOTHING_ALPHA}, calibrated on the calib
 RECIPES: tuple[Recipe, ...] = (
     Recipe("fp32-fused", "fp32", "fp32",
            "ONNX Runtime transformer fusions (onnxruntime.transformers.optimizer, bert, "
-           "opt_level 0)", fuse_transformer_ops),
+           "opt_level 0; residual adds left as Add + LayerNormalization)", fuse_transformer_ops),
     Recipe("int8-smoothquant", "int8", "fp32", f"plain graph: {_INT8}", quantize_int8_smoothed),
     Recipe("int8-smoothquant-fused", "int8", "fp32-fused", f"fused graph: {_INT8}",
            quantize_int8_smoothed),
