@@ -8,11 +8,12 @@ from queryserve.config import ModelConfig
 from queryserve.errors import ConfigError
 from queryserve.types import Array
 
-# ONNX Runtime 1.31.1's CPU kernel for SkipLayerNormalization (residual add + layer norm in one
-# node) runs each row's statistics as a scalar loop with a division per element: under `perf`
+# ONNX Runtime's CPU kernel for SkipLayerNormalization (residual add + layer norm in one node)
+# runs each row's statistics as a scalar loop with a division per element: under `perf` (1.32.0)
 # it took 14.5% of the server's CPU at 1,000 req/s on the int8 MiniLM, nearly half as much as
-# the int8 matrix products. Left as Add + LayerNormalization the same model ran 1.3x faster at
-# batch 1 and at batch 32, so CPU sessions do not fuse them. CUDA's fused kernel is fine.
+# the int8 matrix products. Left as Add + LayerNormalization the same model ran 1.3-1.4x faster
+# on one thread, in 1.31.1 and 1.32.0 alike (benchmarks/skip_layer_norm.py), so CPU sessions do
+# not fuse them. CUDA's fused kernel is fine.
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
