@@ -14,7 +14,7 @@ from queryserve.types import Array
 # the int8 matrix products. Left as Add + LayerNormalization the same model ran 1.3-1.4x faster
 # on one thread, in 1.31.1 and 1.32.0 alike (benchmarks/skip_layer_norm.py), so CPU sessions do
 # not fuse them. A CUDA session keeps the fusion (its kernel was not profiled here).
-CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
 class OnnxRuntimeBackend:
@@ -35,7 +35,7 @@ class OnnxRuntimeBackend:
         providers = ["CPUExecutionProvider"]
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
-        disabled = [] if "CUDAExecutionProvider" in providers else CPU_DISABLED_OPTIMIZERS
+        disabled = () if "CUDAExecutionProvider" in providers else CPU_DISABLED_OPTIMIZERS
         self.session = ort.InferenceSession(str(path), options, providers=providers,
                                             disabled_optimizers=disabled)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
