@@ -1,7 +1,8 @@
 """Does `queryserve bench` agree with Triton's perf_analyzer on the same server and load?
 
 Both tools drive the same running server, taking turns (three runs each by default), with
-the same real queries (the MASSIVE test utterances, one per request) and the same load: a
+the same real queries (the MASSIVE test utterances, one per request, in KServe v2's binary
+tensor format, perf_analyzer's default) and the same load: a
 closed-loop concurrency (`--concurrency`) or a constant request rate (`--rate`); each
 reports the median throughput and p99 of its runs. The issue's bar: within 10% on both.
 
@@ -78,9 +79,11 @@ def run_queryserve_bench(url: str, model: str, load: tuple[str, float], seconds:
         queries = Path(tmp) / "queries.txt"
         texts = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines()][:limit]
         queries.write_text("\n".join(texts) + "\n")
+        # Binary tensors both ways, as perf_analyzer sends and asks for them by default
+        # (--input-tensor-format / --output-tensor-format binary): the same requests.
         command = [str(Path(sys.executable).parent / "queryserve"), "bench", url, "--model",
-                   model, "--queries", str(queries), *shape, "--warmup", "1", "--out", tmp,
-                   "--no-progress"]
+                   model, "--protocol", "kserve-binary", "--queries", str(queries), *shape,
+                   "--warmup", "1", "--out", tmp, "--no-progress"]
         out = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"queryserve bench failed:\n{out.stderr}")

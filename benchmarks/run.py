@@ -3,8 +3,9 @@
 Everything in one run on this machine, one measurement at a time, with the project's own tools
 (`queryserve bench`, `queryserve recommend`) so the figures are what a user would measure:
 
-1. in-process engines at batch 1 / 8 / 32: sentence-transformers fp32 (PyTorch) and every ONNX
-   variant `queryserve prepare` kept, with its parity against sentence-transformers;
+1. in-process engines at batch 1 (one and two threads) / 8 / 32: sentence-transformers fp32
+   (PyTorch) and every ONNX variant `queryserve prepare` kept, with its parity against
+   sentence-transformers; and the served model over HTTP with requests of 8 and 32 queries;
 2. the served default config over HTTP, one query per request (open loop, load generator on
    the same cores): max rate at p99 <= 10 ms, p50 / p99 at 100 req/s, peak RSS, and
    `perf_analyzer` against `queryserve bench` on the same server and load;
@@ -52,14 +53,18 @@ from perf_analyzer_agreement import compare  # noqa: E402
 
 from queryserve.bench.bench import machine  # noqa: E402
 from queryserve.bench.recommend import peak_rss_mb, serving  # noqa: E402
-from queryserve.optimize.encoder import throughput  # noqa: E402
+from queryserve.optimize.encoder import engine  # noqa: E402
+from queryserve.optimize.plan import rate_of  # noqa: E402
 from queryserve.prepare import minilm_folder  # noqa: E402
 
 MODEL_DIR = ROOT / "model_repository" / "embed"
 QUERIES = ROOT / "data" / "massive-en" / "test.jsonl"
 OUT = ROOT / "bench-out" / "make-bench"
 QUERYSERVE = str(Path(sys.executable).parent / "queryserve")
-BATCH_SIZES = (1, 8, 32)
+THREADS = (1, 2)
+ENGINE_COLUMNS = {"bs1t1": (1, 1), "bs1": (1, 2), "bs8": (8, 2), "bs32": (32, 2)}
+"""Section 1's columns: (batch size, intra-op threads)."""
+SERVED_BATCH_SIZES = (8, 32)
 PEERS = "queryserve,infinity-onnx,infinity-onnx-int8,fastapi-st,ray-serve,pytriton"
 
 
@@ -87,31 +92,30 @@ def load_queries(limit: int = 0) -> list[str]:
 # -- 1. engines ----------------------------------------------------------------------------
 
 
-def st_throughput(queries: list[str], batch_size: int, seconds: float, repeats: int) -> float:
+def st_engines() -> dict[int, Callable[[list[str]], object]]:
+    """sentence-transformers on 1 and 2 PyTorch threads: each call encodes one batch, padded
+    to its longest query (`batch_size` = the batch)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
-    torch.set_num_threads(2)
     model = SentenceTransformer(str(minilm_folder()), device="cpu")
-    batches = [queries[i:i + batch_size] for i in range(0, len(queries), batch_size)]
 
-    def once() -> float:
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for batch in batches:
-                model.encode(batch, batch_size=len(batch), normalize_embeddings=True)
-            done += len(queries)
-        return done / (time.perf_counter() - start)
+    def on(threads: int) -> Callable[[list[str]], object]:
+        def run(batch: list[str]) -> object:
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                return model.encode(batch, batch_size=len(batch), normalize_embeddings=True)
+        return run
 
-    with torch.inference_mode():
-        model.encode(batches[0], batch_size=batch_size)
-        return statistics.median(once() for _ in range(repeats))
+    return {t: on(t) for t in THREADS}
 
 
 def engine_rows(queries: list[str], seconds: float, repeats: int) -> list[dict[str, Any]]:
+    """Queries/s per engine and column, the median of `repeats` rounds; each round times every
+    engine in turn, so a slow spell of the shared machine hits all engines alike."""
     report = json.loads((MODEL_DIR / "prepare.json").read_text())
     rows = [{"engine": "sentence-transformers fp32 (PyTorch)", "parity": "reference",
-             **{f"bs{b}": st_throughput(queries, b, seconds, repeats) for b in BATCH_SIZES}}]
+             "runners": st_engines()}]
     for variant in report["variants"]:
         if not variant.get("file"):
             continue
@@ -122,11 +126,43 @@ def engine_rows(queries: list[str], seconds: float, repeats: int) -> list[dict[s
         rows.append({
             "engine": label,
             "parity": f"mean {parity['mean']:.4f}, min {parity['min']:.4f}",
-            **{f"bs{b}": throughput(MODEL_DIR / variant["file"], MODEL_DIR / "tokenizer.json",
-                                    queries, b, seconds, repeats=repeats) for b in BATCH_SIZES},
-        })
-        log(f"  {label}: " + ", ".join(f"bs{b} {rows[-1][f'bs{b}']:.0f}/s" for b in BATCH_SIZES))
+            "runners": {t: engine(MODEL_DIR / variant["file"], MODEL_DIR / "tokenizer.json",
+                                  threads=t) for t in THREADS}})
+    samples: dict[tuple[int, str], list[float]] = {}
+    # sentence-transformers tokenizes on the calling thread too, as queryserve's engines do
+    # (optimize/encoder.py `encode`): the tokenizers' thread pool would contend for the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        for row in rows:
+            for batch_size, threads in ENGINE_COLUMNS.values():
+                rate_of(row["runners"][threads], queries[:batch_size * 4], batch_size, 0.2)
+        for round_ in range(repeats):
+            log(f"  round {round_ + 1}/{repeats}")
+            for column, (batch_size, threads) in ENGINE_COLUMNS.items():
+                for i, row in enumerate(rows):
+                    rate = rate_of(row["runners"][threads], queries, batch_size, seconds)
+                    samples.setdefault((i, column), []).append(rate)
+    finally:
+        del os.environ["TOKENIZERS_PARALLELISM"]
+    for i, row in enumerate(rows):
+        del row["runners"]
+        for column in ENGINE_COLUMNS:
+            row[column] = statistics.median(samples[(i, column)])
+            row[f"{column}_rounds"] = samples[(i, column)]
+        log(f"  {row['engine']}: " + ", ".join(f"{c} {row[c]:.0f}/s" for c in ENGINE_COLUMNS))
     return rows
+
+
+def served_batches() -> dict[str, Any]:
+    """The served `embed` over HTTP with requests of several queries: what the server does with
+    a batch (the batcher cuts it by length against `max_batch_tokens` and spreads the pieces
+    over the instances), with HTTP, JSON and the load generator on the same two cores."""
+    repository = one_model_repository("embed", OUT / "repository-embed")
+    with serving(repository, os.cpu_count() or 2, os.cpu_count() or 2,
+                 OUT / "server-batches.log") as (url, _):
+        return {str(n): bench(url, "--items-per-request", str(n), "--phase", "4:10",
+                              "--warmup", "1", name=f"batch-{n}")
+                for n in SERVED_BATCH_SIZES}
 
 
 # -- 2. the default config over HTTP -------------------------------------------------------
@@ -237,26 +273,57 @@ def _rate(value: float | None) -> str:
     return "none passed" if not value else f"{value:,.0f}"
 
 
-def render_engines(engines: list[dict[str, Any]], seconds: float) -> list[str]:
+def render_engines(engines: dict[str, Any], seconds: float) -> list[str]:
+    rows, served = engines["rows"], engines["served"]
     lines = [
-        "## 1. In-process engine: all-MiniLM-L6-v2, real MASSIVE queries, 2 intra-op threads",
+        "## 1. In-process engine: all-MiniLM-L6-v2, real MASSIVE queries",
         "",
-        f"Queries/s (median of rounds of >= {seconds:g} s, tokenization included) over the",
-        "first 512 MASSIVE en-US test utterances. Parity: cosine to sentence-transformers over",
+        f"Queries/s (tokenization included), the median of rounds of >= {seconds:g} s, each round",
+        "timing every engine and column in turn, over the",
+        "first 512 MASSIVE en-US test utterances, in file order, each batch padded to its",
+        "longest query; 2 intra-op threads except in the first column (one thread: what each",
+        "of the server's two instances gets). Parity: cosine to sentence-transformers over",
         "the same 512 queries at batch 1, 32 and 64 (from `model_repository/embed/prepare.json`;",
         "the gate is mean >= 0.9999 for fp32, mean >= 0.99 and min >= 0.97 for reduced",
         "precision). Each engine runs with its own thread defaults: PyTorch's, and ONNX",
         "Runtime's threads spinning between operators (the server turns spinning off, section",
-        "3; `_session` in src/queryserve/optimize/encoder.py).",
+        "3; `_session` in src/queryserve/optimize/encoder.py). Both tokenize on the calling",
+        "thread (`TOKENIZERS_PARALLELISM=false` for sentence-transformers).",
         "",
-        "| engine | parity | batch 1 | batch 8 | batch 32 |",
-        "|---|---|---:|---:|---:|",
+        "| engine | parity | batch 1, 1 thread | batch 1 | batch 8 | batch 32 |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    base = engines[0]
-    for row in engines:
-        cells = [f"{row[f'bs{b}']:,.0f} ({row[f'bs{b}'] / base[f'bs{b}']:.1f}x)"
-                 for b in BATCH_SIZES]
+    base = rows[0]
+    for row in rows:
+        cells = [f"{row[k]:,.0f} ({row[k] / base[k]:.1f}x)" for k in ENGINE_COLUMNS]
         lines.append(f"| {row['engine']} | {row['parity']} | " + " | ".join(cells) + " |")
+    best_st = max(base["bs1t1"], base["bs1"])
+    ours = next(r for r in rows if r["engine"].endswith("(served)"))
+    best_ours = max(ours["bs1t1"], ours["bs1"])
+    served_rows = []
+    for n, results in served.items():
+        step = results["steps"][0]
+        ratio = step["inferences_per_s"] / base[f"bs{n}"] if f"bs{n}" in base else None
+        served_rows.append(f"| {n} | {step['inferences_per_s']:,.0f} | "
+                           + (f"{ratio:.1f}x" if ratio else "n/a")
+                           + f" | {step['errors']} | `{results['command_shown']}` |")
+    lines += [
+        "",
+        f"At batch 1, each engine at its better thread count: sentence-transformers "
+        f"{best_st:,.0f}, the served int8 {best_ours:,.0f} queries/s "
+        f"({best_ours / best_st:.1f}x).",
+        "",
+        "The same model served (`queryserve serve`, the shipped `embed` config: two instances",
+        "of one thread, `max_batch_tokens` 256), over HTTP with requests of several queries, 4",
+        "clients in a closed loop for 10 s; the load generator shares the two cores. The",
+        "batcher cuts each request's queries by length against the token budget and runs the",
+        "pieces on both instances, so little compute goes to padding. The ratio is against",
+        "sentence-transformers in process (no HTTP) at the same batch size, from the table above.",
+        "",
+        "| queries per request | queries/s | vs sentence-transformers | errors | command |",
+        "|---:|---:|---:|---:|---|",
+        *served_rows,
+    ]
     return lines
 
 
@@ -291,7 +358,8 @@ def render_server(server: dict[str, Any]) -> list[str]:
         "",
         "### perf_analyzer and `queryserve bench` on the same server and load",
         "",
-        "Same running server, same 1,000 MASSIVE queries (perf_analyzer's `--input-data`); the",
+        "Same running server, same 1,000 MASSIVE queries (perf_analyzer's `--input-data`), same",
+        "requests (KServe v2 binary tensors in and out, perf_analyzer's default); the",
         "tools take turns, three runs each, and each row is the median of a tool's runs (one",
         "run each, one after the other, drifted apart with the machine's load). The bar is",
         "agreement within 10% on throughput and p99. Commands:",
@@ -482,9 +550,11 @@ def render_optimize(report: dict[str, Any]) -> list[str]:
         "## 6. `queryserve optimize` on all-MiniLM-L6-v2 (fp32, int8, fp16, bf16)", "",
         "`queryserve optimize $(minilm) --task embed --precision fp32,int8,fp16 --out "
         "OUT/optimize/minilm`: every variant gated against sentence-transformers on 512 MASSIVE",
-        "test queries (at batch 1, 32 and 64), then timed in rounds that interleave the variants",
-        "(median queries/s, tokenization included, 2 intra-op threads, ONNX Runtime's threads",
-        "spinning as by its default). fp16 is for GPUs; it",
+        "test queries (at batch 1, 32 and 64), then timed with the PyTorch original in rounds",
+        "that interleave them all (median queries/s, tokenization included, the same 512",
+        "queries, 2 intra-op threads, ONNX Runtime's threads spinning as by its default; at",
+        "batch 1 two spinning threads swing between two speeds on this VM, section 1). fp16 is",
+        "for GPUs; it",
         "runs on this CPU only to be gated. ONNX Runtime's CPU provider has no bfloat16 MatMul",
         "(`--precision bf16` says so), so the bf16 row is sentence-transformers under",
         "`torch.autocast(bfloat16)`, parity at batch 32.", "",
@@ -512,7 +582,8 @@ def render_optimize(report: dict[str, Any]) -> list[str]:
               f"({before['batch_1_ms'] / after['batch_1_ms']:.1f}x); batch 32 "
               f"{before['batch_32_per_s']:.0f} -> {after['batch_32_per_s']:.0f} queries/s "
               f"({after['batch_32_per_s'] / before['batch_32_per_s']:.1f}x). Issue 4's targets "
-              "against sentence-transformers fp32 are 10x at batch 1 and 6x at batch 32."]
+              "against sentence-transformers fp32 are 10x at batch 1 and 6x at batch 32; section",
+              "1 measures them against sentence-transformers itself."]
     return lines
 
 
@@ -1150,7 +1221,8 @@ def main() -> int:
     started = time.monotonic()
     steps: dict[str, tuple[str, Callable[[], Any]]] = {
         "engines": ("1. in-process engines",
-                    lambda: engine_rows(load_queries(512), args.seconds, args.repeats)),
+                    lambda: {"rows": engine_rows(load_queries(512), args.seconds, args.repeats),
+                             "served": served_batches()}),
         "server": ("2. the default config over HTTP", server_figures),
         "recommend": ("3. recommend", recommend),
         "peers": ("4. peers", lambda: peers(args.peers)),
@@ -1163,6 +1235,9 @@ def main() -> int:
         "search": ("10. the search bar", search_figures),
         "duplicates": ("11. product duplicates", duplicates_figures),
     }
+    if args.only and args.only - set(steps):
+        parser.error(f"--only: no section {', '.join(sorted(args.only - set(steps)))}; "
+                     f"the sections are {','.join(steps)}")
     # --only re-measures some sections and keeps the others from the last run's bench.json.
     figures: dict[str, Any] = (json.loads((OUT / "bench.json").read_text()) if args.only
                                else {})

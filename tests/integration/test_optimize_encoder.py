@@ -19,6 +19,7 @@ from onnx import numpy_helper
 
 from queryserve.errors import ExportError
 from queryserve.optimize import encoder
+from queryserve.optimize.plan import rate_of
 from queryserve.optimize.recipes import RECIPES_VERSION, recipes_for
 from queryserve.prepare import _already_prepared, read_utterances
 from tests.conftest import ROOT, minilm_dir
@@ -226,7 +227,12 @@ def test_the_serving_path_never_imports_torch() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_throughput_counts_queries_per_second(fp32_model: Path, tokenizer_path: Path,
-                                              queries: list[str]) -> None:
-    rate = encoder.throughput(fp32_model, tokenizer_path, queries[:64], 32, 0.05, repeats=1)
+def test_a_timed_engine_runs_the_model_as_served(fp32_model: Path, tokenizer_path: Path,
+                                                 queries: list[str],
+                                                 reference: np.ndarray) -> None:
+    run = encoder.engine(fp32_model, tokenizer_path, threads=1)
+    vectors = np.asarray(run(queries[:5]))[0]  # the session's one output
+    assert vectors.shape == (5, 384)
+    assert np.all(np.sum(vectors * reference[:5], axis=1) > 0.9999)
+    rate = rate_of(run, queries[:64], 32, 0.05)
     assert 0 < rate < 100_000
