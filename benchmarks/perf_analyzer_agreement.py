@@ -8,6 +8,11 @@ reports the median throughput and p99 of its runs. The issue's bar: within 10% o
 
     python benchmarks/perf_analyzer_agreement.py --url http://127.0.0.1:8000 --concurrency 4
     python benchmarks/perf_analyzer_agreement.py --url http://127.0.0.1:8000 --rate 200
+
+On a machine this small the tools share the server's cores, and a tool that spends more CPU
+per request leaves the server less. `--client-cpus 1`, with the server started under
+`taskset -c 0`, gives the tools a core of their own, so the comparison shows how each one
+measures rather than what each one costs.
 """
 
 from __future__ import annotations
@@ -48,13 +53,19 @@ def _cuda_env() -> dict[str, str]:
     return {**os.environ, "LD_LIBRARY_PATH": str(lib)}
 
 
+def pinned(command: list[str], cpus: str | None) -> list[str]:
+    """The command on the given CPUs only (`taskset -c`), or as it is."""
+    return ["taskset", "-c", cpus, *command] if cpus else command
+
+
 def run_perf_analyzer(url: str, model: str, load: tuple[str, float], requests: int,
-                      limit: int) -> dict[str, Any]:
+                      limit: int, cpus: str | None = None) -> dict[str, Any]:
     texts = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines()][:limit]
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "input.json"
         data.write_text(json.dumps({"data": [{"text": [t]} for t in texts]}))
-        command = perf_analyzer_command(urlsplit(url).netloc, model, data, load, requests)
+        command = pinned(perf_analyzer_command(urlsplit(url).netloc, model, data, load,
+                                               requests), cpus)
         out = subprocess.run(command, capture_output=True, text=True, timeout=600,
                              env=_cuda_env())
     if out.returncode != 0:
@@ -65,13 +76,21 @@ def run_perf_analyzer(url: str, model: str, load: tuple[str, float], requests: i
     if not (throughput and p99 and p50):
         raise RuntimeError(f"cannot read perf_analyzer's output:\n{out.stdout}")
     shown = " ".join(command).replace(str(data), "input.json").replace(str(ROOT) + "/", "")
-    return {"command": shown,
-            "throughput": float(throughput.group(1)), "p50_ms": int(p50.group(1)) / 1000,
-            "p99_ms": int(p99.group(1)) / 1000}
+    result = {"command": shown,
+              "throughput": float(throughput.group(1)), "p50_ms": int(p50.group(1)) / 1000,
+              "p99_ms": int(p99.group(1)) / 1000}
+    # Its own split: the mean HTTP time at the client, and the mean request latency the
+    # server reports (its statistics endpoint); the difference is the client's side.
+    for key, pattern in (("client_mean_ms", r"Avg HTTP time: (\d+) usec"),
+                         ("server_mean_ms", r"Avg request latency: (\d+) usec")):
+        found = re.search(pattern, out.stdout)
+        if found:
+            result[key] = int(found.group(1)) / 1000
+    return result
 
 
 def run_queryserve_bench(url: str, model: str, load: tuple[str, float], seconds: float,
-                         limit: int) -> dict[str, Any]:
+                         limit: int, cpus: str | None = None) -> dict[str, Any]:
     kind, level = load
     shape = (["--phase", f"{level:g}:{seconds:g}"] if kind == "concurrency"
              else ["--rate", f"{level:g}", "--duration", f"{seconds:g}"])
@@ -81,9 +100,10 @@ def run_queryserve_bench(url: str, model: str, load: tuple[str, float], seconds:
         queries.write_text("\n".join(texts) + "\n")
         # Binary tensors both ways, as perf_analyzer sends and asks for them by default
         # (--input-tensor-format / --output-tensor-format binary): the same requests.
-        command = [str(Path(sys.executable).parent / "queryserve"), "bench", url, "--model",
-                   model, "--protocol", "kserve-binary", "--queries", str(queries), *shape,
-                   "--warmup", "1", "--out", tmp, "--no-progress"]
+        command = pinned([str(Path(sys.executable).parent / "queryserve"), "bench", url,
+                          "--model", model, "--protocol", "kserve-binary", "--queries",
+                          str(queries), *shape, "--warmup", "1", "--out", tmp, "--no-progress"],
+                         cpus)
         out = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"queryserve bench failed:\n{out.stderr}")
@@ -95,15 +115,15 @@ def run_queryserve_bench(url: str, model: str, load: tuple[str, float], seconds:
 
 
 def compare(url: str, model: str, load: tuple[str, float], requests: int, seconds: float,
-            limit: int, rounds: int = 3) -> dict[str, Any]:
+            limit: int, rounds: int = 3, cpus: str | None = None) -> dict[str, Any]:
     """The tools take turns, `rounds` times each, and each gives the median of its runs: on a
     shared machine the load from outside drifts within minutes, and one run of each, one
     after the other, differed here by more than the tools do (p99 5.71 against 6.69 ms)."""
     pa_runs: list[dict[str, Any]] = []
     qs_runs: list[dict[str, Any]] = []
     for _ in range(rounds):
-        pa_runs.append(run_perf_analyzer(url, model, load, requests, limit))
-        qs_runs.append(run_queryserve_bench(url, model, load, seconds, limit))
+        pa_runs.append(run_perf_analyzer(url, model, load, requests, limit, cpus))
+        qs_runs.append(run_queryserve_bench(url, model, load, seconds, limit, cpus))
     pa, qs = _median(pa_runs), _median(qs_runs)
     return {
         "load": f"{load[1]:g} req/s" if load[0] == "rate" else f"concurrency {load[1]:g}",
@@ -115,9 +135,10 @@ def compare(url: str, model: str, load: tuple[str, float], requests: int, second
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One tool's runs as one: the median of each figure, and every run's throughput and p99."""
+    keys = [k for k in ("throughput", "p50_ms", "p99_ms", "client_mean_ms", "server_mean_ms")
+            if all(k in r for r in runs)]
     return {"command": runs[0]["command"],
-            **{key: statistics.median(r[key] for r in runs)
-               for key in ("throughput", "p50_ms", "p99_ms")},
+            **{key: statistics.median(r[key] for r in runs) for key in keys},
             "runs": [{"throughput": r["throughput"], "p99_ms": r["p99_ms"]} for r in runs]}
 
 
@@ -133,10 +154,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="queryserve bench's window")
     ap.add_argument("--limit", type=int, default=1000, help="queries used by both tools")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each tool, taking turns")
+    ap.add_argument("--client-cpus", default=None,
+                    help="run both tools on these CPUs only (taskset -c), e.g. 1 with the "
+                         "server on 0: the tools then stop competing with it for cores")
     args = ap.parse_args()
     load = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency or 4)
     print(json.dumps(compare(args.url, args.model, load, args.requests, args.seconds,
-                             args.limit, args.rounds), indent=2))
+                             args.limit, args.rounds, args.client_cpus), indent=2))
     return 0
 
 

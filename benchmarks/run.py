@@ -65,6 +65,7 @@ THREADS = (1, 2)
 ENGINE_COLUMNS = {"bs1t1": (1, 1), "bs1": (1, 2), "bs8": (8, 2), "bs32": (32, 2)}
 """Section 1's columns: (batch size, intra-op threads)."""
 SERVED_BATCH_SIZES = (8, 32)
+AGREEMENT_LOADS = (("concurrency", 4.0), ("rate", 200.0))
 PEERS = "queryserve,infinity-onnx,infinity-onnx-int8,fastapi-st,ray-serve,pytriton"
 
 
@@ -199,10 +200,21 @@ def server_figures() -> dict[str, Any]:
         log("server: 100 req/s for 10 s")
         at_100 = bench(url, "--rate", "100", "--duration", "10", name="rate-100")
         log("server: perf_analyzer and queryserve bench, same server, same load")
-        agreement = [compare(url, "embed", load, 3000, 10.0, 1000)
-                     for load in (("concurrency", 4.0), ("rate", 200.0))]
+        agreement = [compare(url, "embed", load, 3000, 10.0, 1000) for load in AGREEMENT_LOADS]
         rss = peak_rss_mb(proc.pid)
-    return {"max": at_max, "at_100": at_100, "agreement": agreement, "rss_mb": rss}
+    return {"max": at_max, "at_100": at_100, "agreement": agreement, "rss_mb": rss,
+            "agreement_pinned": pinned_agreement()}
+
+
+def pinned_agreement() -> list[dict[str, Any]]:
+    """The two tools again, each on a core of its own against `embed` served on the other:
+    neither tool then takes CPU from the server, so what is left is how each measures."""
+    server_cpu, client_cpu = sorted(os.sched_getaffinity(0))[:2]
+    repository = one_model_repository("embed", OUT / "repository-embed")
+    with serving(repository, 1, os.cpu_count() or 2, OUT / "server-pinned.log") as (url, _):
+        log(f"server: the same comparison, server on CPU {server_cpu}, tools on {client_cpu}")
+        return [compare(url, "embed", load, 3000, 10.0, 1000, cpus=str(client_cpu))
+                for load in AGREEMENT_LOADS]
 
 
 # -- 3. recommend --------------------------------------------------------------------------
@@ -370,9 +382,31 @@ def render_server(server: dict[str, Any]) -> list[str]:
     for item in server["agreement"]:
         lines += [f"- `{item['perf_analyzer']['command']}`",
                   f"- `{item['queryserve_bench']['command']}`"]
-    lines += ["", "| load | tool | req/s | p50 (ms) | p99 (ms) | each run: req/s, p99 (ms) |",
-              "|---|---|---:|---:|---:|---|"]
-    for item in server["agreement"]:
+    lines += ["", *agreement_table(server["agreement"])]
+    pinned = server.get("agreement_pinned")
+    if pinned:
+        lines += [
+            "",
+            "The same comparison with each tool on a core of its own (`--client-cpus 1`, the",
+            "commands above under `taskset -c 1`) against `embed` alone served on the other core",
+            "(`queryserve serve --cores 1`, two instances sharing it): the tools no longer take",
+            "CPU from the server, so what is left is how each one measures.",
+            "",
+            *agreement_table(pinned),
+        ]
+        split = [i for i in pinned if "client_mean_ms" in i["perf_analyzer"]]
+        if split:
+            lines += ["", "perf_analyzer's own split of its mean latency: " + "; ".join(
+                f"{i['load']}: {i['perf_analyzer']['client_mean_ms']:.2f} ms at the client "
+                f"against {i['perf_analyzer']['server_mean_ms']:.2f} ms that the server reports"
+                for i in split) + "."]
+    return lines
+
+
+def agreement_table(items: list[dict[str, Any]]) -> list[str]:
+    lines = ["| load | tool | req/s | p50 (ms) | p99 (ms) | each run: req/s, p99 (ms) |",
+             "|---|---|---:|---:|---:|---|"]
+    for item in items:
         for tool in ("perf_analyzer", "queryserve_bench"):
             r = item[tool]
             each = "; ".join(f"{run['throughput']:,.1f}, {_ms(run['p99_ms'])}"
@@ -552,9 +586,10 @@ def render_optimize(report: dict[str, Any]) -> list[str]:
         "OUT/optimize/minilm`: every variant gated against sentence-transformers on 512 MASSIVE",
         "test queries (at batch 1, 32 and 64), then timed with the PyTorch original in rounds",
         "that interleave them all (median queries/s, tokenization included, the same 512",
-        "queries, 2 intra-op threads, ONNX Runtime's threads spinning as by its default; at",
-        "batch 1 two spinning threads swing between two speeds on this VM, section 1). fp16 is",
-        "for GPUs; it",
+        "queries, ONNX Runtime's threads spinning as by its default). Batch 1 runs on one",
+        "intra-op thread, as each of the server's instances runs it (two spinning threads swing",
+        "between two speeds on this VM, section 1), batch 32 on two; PyTorch on the same",
+        "threads. fp16 is for GPUs; it",
         "runs on this CPU only to be gated. ONNX Runtime's CPU provider has no bfloat16 MatMul",
         "(`--precision bf16` says so), so the bf16 row is sentence-transformers under",
         "`torch.autocast(bfloat16)`, parity at batch 32.", "",

@@ -91,6 +91,12 @@ EMBEDDING_OUTPUT = "embedding"
 MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
 
 THREADS = 2
+TIMING_THREADS = {1: 1, 32: THREADS}
+"""Intra-op threads each timed batch size runs on. A lone query runs on one, as each of the
+server's one-thread instances runs it: on two threads spinning, ONNX Runtime swung between two
+speeds from minute to minute on this VM (the int8 MiniLM at about 1,250 or 2,300 queries/s;
+one thread held 1,780-1,850 in the same rounds, BENCHMARKS.md section 1). A batch runs on all
+of THREADS. The PyTorch original is timed on the same threads."""
 CALIBRATION_BATCH = 32
 ORIGINAL = "original"  # the PyTorch original's name among the timed runners
 
@@ -265,25 +271,28 @@ def _speed(loaded: Speed, speeds: Mapping[int, float]) -> Speed:
     return Speed(loaded.size_mb, loaded.load_s, 1000.0 / speeds[1], speeds[32])
 
 
-def _torch_runner(source: Source, tokenizer: Tokenizer) -> tuple[Runner, Speed]:
+def _torch_runner(source: Source, tokenizer: Tokenizer) -> tuple[dict[int, Runner], Speed]:
     """The original model in PyTorch fp32 on the variants' threads, run as they are run
     (tokenized and padded per batch), with its size and load time."""
     import torch
 
     from queryserve.optimize.export import load_torch_model, run_torch, wrap
 
-    torch.set_num_threads(THREADS)
     started = time.perf_counter()
     wrapper = wrap(source, load_torch_model(source))
     load_s = time.perf_counter() - started
     names = wrapper.signature.inputs
 
-    def run(group: Sequence[Item]) -> object:
-        return run_torch(wrapper, [feeds(encode(tokenizer, group), names)])
+    def on(threads: int) -> Runner:
+        def run(group: Sequence[Item]) -> object:
+            torch.set_num_threads(threads)
+            return run_torch(wrapper, [feeds(encode(tokenizer, group), names)])
+        return run
 
     weights = [p for p in source.path.iterdir() if p.suffix in (".safetensors", ".bin")]
     size = sum(p.stat().st_size for p in weights) / 1e6
-    return run, Speed(size, load_s, 0.0, 0.0)
+    runners = {batch_size: on(threads) for batch_size, threads in TIMING_THREADS.items()}
+    return runners, Speed(size, load_s, 0.0, 0.0)
 
 
 # -- the whole run ---------------------------------------------------------------------------
@@ -341,7 +350,9 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                     errors[recipe.name] = f"{type(error).__name__}: {error}"
                     del paths[recipe.name]
         outcome = gate_outcome(plan, results, errors)
-        runners = {name: _runner(_session(paths[name], spinning=True), tokenizer)
+        runners = {name: {batch_size: _runner(_session(paths[name], threads, spinning=True),
+                                              tokenizer)
+                          for batch_size, threads in TIMING_THREADS.items()}
                    for name in outcome.passed}
         before = None
         if plan.measure_original:  # timed in the same rounds as the variants, like for like
@@ -411,7 +422,8 @@ def _write_report(report: PrepareReport, plan: Plan) -> None:
         "timing": {"batch_sizes": list(TIMING_BATCH_SIZES),
                    "seconds_per_round": plan.timing_seconds, "rounds": plan.timing_rounds,
                    "statistic": "median", "tokenization_included": True,
-                   "intra_op_num_threads": THREADS, "inter_op_num_threads": 1,
+                   "intra_op_num_threads": {str(b): t for b, t in TIMING_THREADS.items()},
+                   "inter_op_num_threads": 1,
                    "execution_mode": "sequential", "allow_spinning": True},
         "onnxruntime": ort.__version__,
         "recipes_version": RECIPES_VERSION,

@@ -235,23 +235,30 @@ def rate_of(run: Runner, items: Sequence[Any], batch_size: int, seconds: float) 
             return done / elapsed
 
 
-def time_runners(runners: Mapping[str, Runner], items: Sequence[Any], seconds: float,
-                 rounds: int, steps: Steps | None = None) -> dict[str, dict[int, float]]:
-    """Median queries/s per runner and batch size. Rounds interleave the runners, so a slow
-    spell on a shared machine hits all of them alike instead of one runner's whole
-    measurement."""
+def at_every_batch_size(run: Runner) -> dict[int, Runner]:
+    """One runner for every timed batch size."""
+    return dict.fromkeys(TIMING_BATCH_SIZES, run)
+
+
+def time_runners(runners: Mapping[str, Mapping[int, Runner]], items: Sequence[Any],
+                 seconds: float, rounds: int,
+                 steps: Steps | None = None) -> dict[str, dict[int, float]]:
+    """Median queries/s per runner and batch size (each name has a runner per batch size).
+    Rounds interleave the runners, so a slow spell on a shared machine hits all of them alike
+    instead of one runner's whole measurement."""
     samples: dict[str, dict[int, list[float]]] = {n: {b: [] for b in TIMING_BATCH_SIZES}
                                                   for n in runners}
-    for run in runners.values():
+    for by_batch in runners.values():
         for batch_size in TIMING_BATCH_SIZES:
             for _ in range(WARMUP_RUNS):
-                run(items[:batch_size])
+                by_batch[batch_size](items[:batch_size])
     for round_ in range(rounds):
         for batch_size in TIMING_BATCH_SIZES:
-            for name, run in runners.items():
+            for name, by_batch in runners.items():
                 if steps is not None:
                     steps.next(f"timing {name}, batch {batch_size} (round {round_ + 1}/{rounds})")
-                samples[name][batch_size].append(rate_of(run, items, batch_size, seconds))
+                samples[name][batch_size].append(
+                    rate_of(by_batch[batch_size], items, batch_size, seconds))
     return {n: {b: statistics.median(s) for b, s in by_batch.items()}
             for n, by_batch in samples.items()}
 

@@ -43,6 +43,7 @@ from queryserve.optimize.plan import (
     Speed,
     Steps,
     VariantReport,
+    at_every_batch_size,
     choose_fastest,
     gate_outcome,
     geometric_mean,
@@ -257,7 +258,7 @@ def _time_layouts(layouts: dict[str, tuple[Path, int]], tokenizer_path: Path, ma
         started = time.perf_counter()
         model = translator(path, threads=threads)
         load_s[name] = time.perf_counter() - started
-        runners[name] = _runner(model, tokenizer, decoding, max_length)
+        runners[name] = at_every_batch_size(_runner(model, tokenizer, decoding, max_length))
     return time_runners(runners, texts, seconds, rounds), load_s
 
 
@@ -358,8 +359,8 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
         before = None
         if plan.measure_original:
             steps.next("timing the original in PyTorch")
-            rates = time_runners({"original": original.generate}, timed, plan.timing_seconds,
-                                 plan.timing_rounds)["original"]
+            rates = time_runners({"original": at_every_batch_size(original.generate)}, timed,
+                                 plan.timing_seconds, plan.timing_rounds)["original"]
             before = Speed(_weights_mb(source), original.load_s, 1000 / rates[1], rates[32])
         after = Speed(_folder_mb(paths[chosen]), load_s[chosen], 1000 / speeds[chosen][1],
                       speeds[chosen][32])
