@@ -53,7 +53,7 @@ from perf_analyzer_agreement import compare  # noqa: E402
 
 from queryserve.bench.bench import machine  # noqa: E402
 from queryserve.bench.recommend import peak_rss_mb, serving  # noqa: E402
-from queryserve.optimize.encoder import engine  # noqa: E402
+from queryserve.optimize.encoder import TIMING_THREADS, engine  # noqa: E402
 from queryserve.optimize.plan import rate_of  # noqa: E402
 from queryserve.prepare import minilm_folder  # noqa: E402
 
@@ -544,9 +544,10 @@ def optimize_figures(seconds: float) -> dict[str, Any]:
 
 
 def torch_bf16(queries: list[str], seconds: float) -> dict[str, Any]:
-    """all-MiniLM-L6-v2 under torch.autocast(bfloat16) on 2 threads: what bf16 gives on this
-    CPU (avx512_bf16), since ONNX Runtime's CPU provider has no bf16 MatMul. Parity is the
-    cosine to sentence-transformers fp32 over the same queries at batch 32."""
+    """all-MiniLM-L6-v2 under torch.autocast(bfloat16) on the threads optimize times each
+    batch size with: what bf16 gives on this CPU (avx512_bf16), since ONNX Runtime's CPU
+    provider has no bf16 MatMul. Parity is the cosine to sentence-transformers fp32 over the
+    same queries at batch 32."""
     import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
@@ -563,7 +564,8 @@ def torch_bf16(queries: list[str], seconds: float) -> dict[str, Any]:
     vectors = torch.cat([encode(queries[i:i + 32]) for i in range(0, len(queries), 32)])
     cosines = (vectors.float().numpy() * reference).sum(1)
     rates = {}
-    for batch_size in (1, 32):
+    for batch_size, threads in TIMING_THREADS.items():
+        torch.set_num_threads(threads)
         batches = [queries[i:i + batch_size] for i in range(0, len(queries), batch_size)]
         encode(batches[0])
         samples = []
