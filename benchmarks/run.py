@@ -8,7 +8,8 @@ Everything in one run on this machine, one measurement at a time, with the proje
    sentence-transformers; and the served model over HTTP with requests of 8 and 32 queries;
 2. the served default config over HTTP, one query per request (open loop, load generator on
    the same cores): max rate at p99 <= 10 ms, p50 / p99 at 100 req/s, peak RSS, and
-   `perf_analyzer` against `queryserve bench` on the same server and load;
+   `perf_analyzer` against `queryserve bench` on the same server and load, sharing the
+   server's cores and again with each tool on a core of its own;
 3. `queryserve recommend` for `embed`: the staged sweep, its Pareto front, the winner against
    the default config;
 4. the peers (benchmarks/peers/: Infinity, FastAPI + sentence-transformers, Ray Serve,
