@@ -39,13 +39,19 @@ from queryserve.spell.noise import NoiseModel  # noqa: E402
 
 DEFAULT = channel.ChannelParameters()
 DEV_WORDS = HELD_OUT_WORDS + 0.10  # the next 10% of word hashes after the held-out ones
-VARIANTS = [  # (name, MAX_CANDIDATES, MAX_LATTICE, parameters)
-    ("24 candidates, lattice 8, no web words", 24, 8, dataclasses.replace(DEFAULT, web_weight=0)),
-    ("64 candidates, lattice 16, no web words", 64, 16,
-     dataclasses.replace(DEFAULT, web_weight=0)),
-    ("64 candidates, lattice 16, web words at weight 1 (shipped)", 64, 16, DEFAULT),
-    ("64 candidates, lattice 16, web words at weight 10", 64, 16,
-     dataclasses.replace(DEFAULT, web_weight=10)),
+VARIANTS = [  # (name, channel constants, parameters)
+    ("24 candidates, lattice 8, no web words, no context words",
+     {"MAX_CANDIDATES": 24, "MAX_LATTICE": 8, "CONTEXT_KEEP": 0},
+     dataclasses.replace(DEFAULT, web_weight=0, edit_weight=0.7)),
+    ("64 candidates, lattice 16, no web words, no context words", {"CONTEXT_KEEP": 0},
+     dataclasses.replace(DEFAULT, web_weight=0, edit_weight=0.7)),
+    ("web words at weight 1, no context words, edit weight 0.7", {"CONTEXT_KEEP": 0},
+     dataclasses.replace(DEFAULT, edit_weight=0.7)),
+    ("web words at weight 10, no context words, edit weight 0.7", {"CONTEXT_KEEP": 0},
+     dataclasses.replace(DEFAULT, web_weight=10, edit_weight=0.7)),
+    ("web words at weight 1, context words, edit weight 0.7", {},
+     dataclasses.replace(DEFAULT, edit_weight=0.7)),
+    ("web words at weight 1, context words, edit weight 0.75 (shipped)", {}, DEFAULT),
 ]
 
 
@@ -66,8 +72,11 @@ def main() -> None:
     print("| variant | query accuracy (misspelled) | false corrections (clean) "
           "| word accuracy | queries/s |")
     print("|---|---:|---:|---:|---:|")
-    for name, candidates, lattice, parameters in VARIANTS:
-        channel.MAX_CANDIDATES, channel.MAX_LATTICE = candidates, lattice
+    shipped = {name: getattr(channel, name)
+               for name in ("MAX_CANDIDATES", "MAX_LATTICE", "CONTEXT_KEEP")}
+    for name, constants, parameters in VARIANTS:
+        for constant, value in {**shipped, **constants}.items():
+            setattr(channel, constant, value)
         tables = channel.ChannelTables.learn(catalog.train, dictionary, noise, parameters,
                                              web=web, typos={t for t, _ in learned})
         corrector = channel.NoisyChannel(tables)

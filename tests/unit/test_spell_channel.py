@@ -31,6 +31,15 @@ def test_typos_are_corrected_in_context(channel: NoisyChannel) -> None:
     assert all(c.changed and 0.5 < c.score <= 1.0 for c in corrections)
 
 
+def test_words_too_far_for_the_channel_come_from_the_context(
+        channel: NoisyChannel, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "p" is three edits from "play": beyond the two the channel searches for a short word,
+    # but "play" is what the catalog types first, so the context proposes it.
+    assert channel.correct(["p some jazz"])[0].corrected == "play some jazz"
+    monkeypatch.setattr("queryserve.spell.channel.CONTEXT_KEEP", 0)
+    assert channel.correct(["p some jazz"])[0].corrected != "play some jazz"
+
+
 def test_right_queries_unknown_names_and_model_numbers_are_left_alone(
         channel: NoisyChannel) -> None:
     queries = ["taylor swift", "play some coffees", "zyxwvut", "iphone 13 case", "kids'"]
@@ -56,16 +65,16 @@ def test_saved_tables_correct_as_the_learned_ones(channel: NoisyChannel, tmp_pat
 
 def test_words_of_web_text_stay_as_typed_but_known_typos_do_not(
         channel: NoisyChannel, tmp_path: Path) -> None:
-    web = {"jams": 4.2, "passive": 4.3, "space": 5.0, "swfit": 2.0, "plae": 1.5}
+    web = {"jazzy": 3.6, "passive": 4.3, "space": 5.0, "swfit": 2.0, "plae": 1.5}
     tables = ChannelTables.learn(CATALOG, ["music", "coffees"], NoiseModel.learn(TYPOS),
                                  web=web, typos=[typed for typed, _ in TYPOS])
-    assert sorted(tables.web) == ["jams", "passive"]  # not the catalog's words, nor typos
-    queries = ["play some jams", "passive pit", "taylor swfit", "plae some jazz"]
+    assert sorted(tables.web) == ["jazzy", "passive"]  # not the catalog's words, nor typos
+    queries = ["play some jazzy", "passive pit", "taylor swfit", "plae some jazz"]
     assert [c.corrected for c in channel.correct(queries)] == [
         "play some jazz", "passion pit", "taylor swift", "play some jazz"]
     with_web = NoisyChannel(tables)
     assert [c.corrected for c in with_web.correct(queries)] == [
-        "play some jams", "passive pit", "taylor swift", "play some jazz"]
+        "play some jazzy", "passive pit", "taylor swift", "play some jazz"]
     tables.save(tmp_path)
     assert NoisyChannel.load(tmp_path).correct(queries) == with_web.correct(queries)
 
