@@ -1276,6 +1276,9 @@ def main() -> int:
     if args.only and args.only - set(steps):
         parser.error(f"--only: no section {', '.join(sorted(args.only - set(steps)))}; "
                      f"the sections are {','.join(steps)}")
+    if args.only and not (OUT / "bench.json").is_file():
+        parser.error(f"--only keeps the other sections' figures from an earlier full run, and "
+                     f"{OUT / 'bench.json'} is missing: run `make bench` first")
     # --only re-measures some sections and keeps the others from the last run's bench.json.
     figures: dict[str, Any] = (json.loads((OUT / "bench.json").read_text()) if args.only
                                else {})
