@@ -269,7 +269,7 @@ class NoisyChannel:
         return ((typed, self.keep), *kept[:MAX_LATTICE - 1])
 
     def _prior(self, typed: str) -> float:
-        """log of how much likelier a typo is for an unknown typed word than for a known one."""
+        """log of a known typed word's typo prior against an unknown one's (0 if unknown)."""
         return math.log(self.parameters.p_real_word / self.parameters.p_typo) \
             if typed in self.unigrams else 0.0
 
