@@ -263,17 +263,12 @@ def _onnx_speed(path: Path, speeds: Mapping[int, float]) -> Speed:
     started = time.perf_counter()
     _session(path)
     load_s = time.perf_counter() - started
-    return _speed(Speed(path.stat().st_size / 1e6, load_s, 0.0, 0.0), speeds)
+    return Speed.timed(path.stat().st_size / 1e6, load_s, speeds)
 
 
-def _speed(loaded: Speed, speeds: Mapping[int, float]) -> Speed:
-    """`loaded`'s size and load time with the timed batch 1 and batch 32 figures."""
-    return Speed(loaded.size_mb, loaded.load_s, 1000.0 / speeds[1], speeds[32])
-
-
-def _torch_runner(source: Source, tokenizer: Tokenizer) -> tuple[dict[int, Runner], Speed]:
+def _torch_runner(source: Source, tokenizer: Tokenizer) -> tuple[dict[int, Runner], float]:
     """The original model in PyTorch fp32 on the variants' threads, run as they are run
-    (tokenized and padded per batch), with its size and load time."""
+    (tokenized and padded per batch), with its load time."""
     import torch
 
     from queryserve.optimize.export import load_torch_model, run_torch, wrap
@@ -289,10 +284,7 @@ def _torch_runner(source: Source, tokenizer: Tokenizer) -> tuple[dict[int, Runne
             return run_torch(wrapper, [feeds(encode(tokenizer, group), names)])
         return run
 
-    weights = [p for p in source.path.iterdir() if p.suffix in (".safetensors", ".bin")]
-    size = sum(p.stat().st_size for p in weights) / 1e6
-    runners = {batch_size: on(threads) for batch_size, threads in TIMING_THREADS.items()}
-    return runners, Speed(size, load_s, 0.0, 0.0)
+    return {batch_size: on(threads) for batch_size, threads in TIMING_THREADS.items()}, load_s
 
 
 # -- the whole run ---------------------------------------------------------------------------
@@ -354,14 +346,13 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                                               tokenizer)
                           for batch_size, threads in TIMING_THREADS.items()}
                    for name in outcome.passed}
-        before = None
         if plan.measure_original:  # timed in the same rounds as the variants, like for like
-            runners[ORIGINAL], before = _torch_runner(source, tokenizer)
+            runners[ORIGINAL], original_load_s = _torch_runner(source, tokenizer)
         steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(runners))
         speeds = time_runners(runners, plan.parity_items, plan.timing_seconds,
                               plan.timing_rounds, steps)
-        if before is not None:
-            before = _speed(before, speeds.pop(ORIGINAL))
+        before = (Speed.timed(source.weights_mb, original_load_s, speeds.pop(ORIGINAL))
+                  if plan.measure_original else None)
         chosen, reason = choose_fastest(speeds, results)
         reason = outcome.reason(plan, chosen, reason, results)
         after = _onnx_speed(paths[chosen], speeds[chosen])

@@ -62,6 +62,11 @@ class Speed:
     batch_1_ms: float
     batch_32_per_s: float
 
+    @classmethod
+    def timed(cls, size_mb: float, load_s: float, rates: Mapping[int, float]) -> Speed:
+        """From the median queries/s that `time_runners` gives at batch 1 and 32."""
+        return cls(size_mb, load_s, 1000.0 / rates[1], rates[32])
+
 
 @dataclass(frozen=True)
 class PrepareReport:

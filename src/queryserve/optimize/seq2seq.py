@@ -274,11 +274,6 @@ def _folder_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
 
 
-def _weights_mb(source: Source) -> float:
-    files = [p for p in source.path.iterdir() if p.suffix in (".safetensors", ".bin")]
-    return sum(p.stat().st_size for p in files) / 1e6
-
-
 # -- the whole run ---------------------------------------------------------------------------
 
 
@@ -361,9 +356,8 @@ def optimize_seq2seq(plan: Plan, model_dir: Path, decoding: Decoding = Decoding(
             steps.next("timing the original in PyTorch")
             rates = time_runners({"original": at_every_batch_size(original.generate)}, timed,
                                  plan.timing_seconds, plan.timing_rounds)["original"]
-            before = Speed(_weights_mb(source), original.load_s, 1000 / rates[1], rates[32])
-        after = Speed(_folder_mb(paths[chosen]), load_s[chosen], 1000 / speeds[chosen][1],
-                      speeds[chosen][32])
+            before = Speed.timed(source.weights_mb, original.load_s, rates)
+        after = Speed.timed(_folder_mb(paths[chosen]), load_s[chosen], speeds[chosen])
         steps.next("writing the model folder")
         config = (None if plan.model_config is None else
                   with_threads(plan.model_config, best_threads[chosen]))

@@ -42,6 +42,12 @@ class Source:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def weights_mb(self) -> float:
+        """The size of the checkpoint's weight files."""
+        files = [p for p in self.path.iterdir() if p.suffix in (".safetensors", ".bin")]
+        return sum(p.stat().st_size for p in files) / 1e6
+
 
 def inspect_source(path: Path, task: Task) -> Source:
     """Read and check `path` for `task`; raises ExportError naming what is wrong."""
