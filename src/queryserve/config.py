@@ -2,9 +2,9 @@
 
 Field names follow Triton's model configuration where Triton has the concept (`max_batch_size`,
 `dynamic_batching`, `instance_group`, `response_cache`, `model_warmup`); queryserve's own additions
-(`max_batch_tokens`, `pipeline`, `parameters`) are documented here. Validation happens once, at
-load: an unknown key or a bad value is a `ConfigError` naming the file, the field, the value and
-what is allowed. Nothing here is mutated afterwards.
+(`max_batch_tokens`, `batch_overhead_tokens`, `pipeline`, `parameters`) are documented here.
+Validation happens once, at load: an unknown key or a bad value is a `ConfigError` naming the
+file, the field, the value and what is allowed. Nothing here is mutated afterwards.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ class DynamicBatching:
     """A queued item older than this fails with a timeout instead of running; 0 never."""
     max_batch_tokens: int = 16384
     """Token budget of one batch counting padding (items x longest item), as in TEI."""
+    batch_overhead_tokens: int | None = None
+    """What running one more batch costs, in padded tokens (a batch's fixed cost divided by
+    one token's). When set, the length-sorted queue is cut into the batches of least total
+    cost, batches x this + padded tokens: a lone long query no longer pads a batch of short
+    ones. None: as few batches as the size and token limits allow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +229,9 @@ class _Reader:
             max_batch_tokens=self.integer(
                 fields.get("max_batch_tokens", default.max_batch_tokens),
                 f"{where}.max_batch_tokens", 1),
+            batch_overhead_tokens=None if fields.get("batch_overhead_tokens") is None
+            else self.integer(fields["batch_overhead_tokens"],
+                              f"{where}.batch_overhead_tokens", 0, 1_000_000),
         )
 
     def instances(self, raw: object) -> InstanceGroup:

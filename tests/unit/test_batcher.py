@@ -80,6 +80,40 @@ def test_token_budget_counts_padding_and_keeps_long_items_apart() -> None:
     assert names(b.cut(now=0.0).batch) == ["long"]
 
 
+def test_batch_overhead_splits_off_a_long_item_the_token_budget_would_let_in() -> None:
+    # 3 x 5 tokens + 1 x 30: padded together 4 x 30 = 120 tokens, apart 15 + 30 plus one
+    # more batch's overhead of 4: apart is cheaper, although 120 fits the budget.
+    mixed = [item("s1", 5), item("long", 30, at=0.1), item("s2", 5), item("s3", 5)]
+    fewest = batcher(max_batch_size=8, max_queue_delay_microseconds=10_000)
+    fewest.add(list(mixed))
+    assert names(fewest.cut(now=0.2).batch) == ["long", "s1", "s2", "s3"]
+    cheapest = batcher(max_batch_size=8, max_queue_delay_microseconds=10_000,
+                       batch_overhead_tokens=4)
+    cheapest.add([item(i.payload, i.tokens, i.enqueued_at) for i in mixed])
+    first = cheapest.cut(now=0.0)  # the oldest item's batch runs at once: more waits behind
+    assert names(first.batch) == ["s1", "s2", "s3"]
+    assert cheapest.cut(now=0.0).batch == []  # the long one alone waits for the delay
+    assert names(cheapest.cut(now=0.2).batch) == ["long"]
+
+
+def test_batch_overhead_keeps_near_lengths_together() -> None:
+    # 5, 5, 6 tokens: together 3 x 6 = 18 (+ 4), apart 10 + 6 (+ 2 x 4): together is cheaper.
+    b = batcher(max_batch_size=8, batch_overhead_tokens=4)
+    b.add([item("a", 5), item("b", 5), item("c", 6)])
+    assert names(b.cut(now=0.0).batch) == ["a", "b", "c"]
+
+
+def test_batch_overhead_partition_respects_the_size_and_token_limits() -> None:
+    b = batcher(max_batch_size=3, max_batch_tokens=20, batch_overhead_tokens=100)
+    b.add([item(f"s{i}", 4) for i in range(5)] + [item("m", 9)])
+    sizes = []
+    while len(b):
+        batch = b.cut(now=0.0).batch
+        assert len(batch) <= 3 and len(batch) * max(i.tokens for i in batch) <= 20
+        sizes.append(len(batch))
+    assert sorted(sizes) == [1, 2, 3]  # fewest batches the limits allow: 4-token x 3, x 2, m
+
+
 def test_length_sorting_never_starves_the_oldest_item() -> None:
     b = batcher(max_batch_size=2)
     b.add([item("old-long", 50, at=0.0)] + [item(f"s{i}", 4, at=0.1) for i in range(6)])

@@ -43,6 +43,7 @@ def test_valid_config_is_read_with_triton_names(tmp_path: Path) -> None:
 def test_default_repository_config_is_valid() -> None:
     config = load_model_config(Path("model_repository/embed/model.yaml"))
     assert config.outputs[0].dims == (384,)
+    assert config.dynamic_batching.batch_overhead_tokens == 4
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -52,6 +53,8 @@ def test_default_repository_config_is_valid() -> None:
     ("dynamic_batching: {preferred_batch_size: [64]}",
      "field 'dynamic_batching.preferred_batch_size[0]' is 64; expected an integer from 1 to 32"),
     ("response_cache: {enable: yes please}", "field 'response_cache.enable' is 'yes please'"),
+    ("dynamic_batching: {batch_overhead_tokens: -1}",
+     "field 'dynamic_batching.batch_overhead_tokens' is -1; expected an integer from 0"),
     ("colour: blue", "unknown field 'colour'"),
     ("backend: tensorflow",
      "field 'backend' is 'tensorflow'; expected one of onnxruntime, ctranslate2, "

@@ -257,7 +257,7 @@ def model_yaml(source: Source, name: str) -> str:
         "input": [{"name": t, "datatype": "BYTES", "dims": [1]} for t in texts],
         "output": [{"name": output, "datatype": "FP32", "dims": [width]}],
         "dynamic_batching": {"max_queue_delay_microseconds": 0, "max_queue_size": 256,
-                             "max_batch_tokens": 1024},
+                             "max_batch_tokens": 1024, "batch_overhead_tokens": 4},
         "instance_group": {"count": 2},
     }
     if source.task in ("embed", "classify"):  # a pair model's warmup would need pairs

@@ -467,6 +467,7 @@ def triton_config(config: ModelConfig, threads: int) -> dict[str, object]:
                 "default_timeout_microseconds": batching.default_timeout_microseconds,
             },
             "max_batch_tokens": batching.max_batch_tokens,
+            "batch_overhead_tokens": batching.batch_overhead_tokens,
         },
         "instance_group": [{"count": config.instance_group.count, "kind": "KIND_CPU"}],
         "response_cache": {"enable": config.response_cache.enable},
