@@ -157,8 +157,9 @@ def engine_rows(queries: list[str], seconds: float, repeats: int) -> list[dict[s
 
 def served_batches() -> dict[str, Any]:
     """The served `embed` over HTTP with requests of several queries: what the server does with
-    a batch (the batcher cuts it by length against `max_batch_tokens` and spreads the pieces
-    over the instances), with HTTP, JSON and the load generator on the same two cores."""
+    a batch (the batcher cuts it by length where padding would cost more than another batch,
+    `batch_overhead_tokens`, and spreads the pieces over the instances), with HTTP, JSON and
+    the load generator on the same two cores."""
     repository = one_model_repository("embed", OUT / "repository-embed")
     with serving(repository, os.cpu_count() or 2, os.cpu_count() or 2,
                  OUT / "server-batches.log") as (url, _):
@@ -327,10 +328,11 @@ def render_engines(engines: dict[str, Any], seconds: float) -> list[str]:
         f"({best_ours / best_st:.1f}x).",
         "",
         "The same model served (`queryserve serve`, the shipped `embed` config: two instances",
-        "of one thread, `max_batch_tokens` 256), over HTTP with requests of several queries, 4",
-        "clients in a closed loop for 10 s; the load generator shares the two cores. The",
-        "batcher cuts each request's queries by length against the token budget and runs the",
-        "pieces on both instances, so little compute goes to padding. The ratio is against",
+        "of one thread, `max_batch_tokens` 256, `batch_overhead_tokens` 4), over HTTP with",
+        "requests of several queries, 4 clients in a closed loop for 10 s; the load generator",
+        "shares the two cores. The batcher sorts each request's queries by length, cuts them",
+        "where padding would cost more than another batch and runs the pieces on both",
+        "instances, so little compute goes to padding. The ratio is against",
         "sentence-transformers in process (no HTTP) at the same batch size, from the table above.",
         "",
         "| queries per request | queries/s | vs sentence-transformers | errors | command |",

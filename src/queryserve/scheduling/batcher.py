@@ -11,8 +11,8 @@ How a batch is cut (Triton's dynamic batcher, plus TEI/Infinity's token budget):
 - Where to split is a small dynamic programme over the sorted window: as few batches as the
   limits allow or, with `batch_overhead_tokens` set, the least cost, counting each batch's
   padded tokens plus that overhead. On one thread the int8 MiniLM ran a batch of 8 random
-  MASSIVE queries padded to its longest slower per query than 8 runs of one; cut this way, the
-  same queries ran 1.3x faster than either (BENCHMARKS.md).
+  MASSIVE queries padded to its longest no faster per query than 8 runs of one; cut this way,
+  the same queries ran 1.45x faster (benchmarks/batch_partition.py, BENCHMARKS.md).
 - The batch holding the oldest item goes next, so no item is starved by the sort.
 - It runs at once if it is full (size or token budget reached), if a preferred size can be
   formed, or when the oldest item has waited `max_queue_delay_microseconds`; otherwise the
