@@ -45,7 +45,9 @@ from queryserve.scheduling.batcher import DynamicBatcher, QueuedItem  # noqa: E4
 MODEL = ROOT / "model_repository" / "embed"
 QUERIES = ROOT / "data" / "massive-en" / "test.jsonl"
 WINDOWS = (2, 4, 8, 16, 32)
-OVERHEAD = load_model_config(MODEL / "model.yaml").dynamic_batching.batch_overhead_tokens
+SHIPPED = load_model_config(MODEL / "model.yaml").dynamic_batching
+OVERHEAD = SHIPPED.batch_overhead_tokens
+FEWEST, LEAST_COST = "fewest batches (overhead unset)", f"least cost (overhead {OVERHEAD}, shipped)"
 QUERYSERVE = str(Path(sys.executable).parent / "queryserve")
 
 
@@ -57,17 +59,16 @@ class Waiting:
 
 
 def rules() -> dict[str, DynamicBatching | None]:
-    shipped = load_model_config(MODEL / "model.yaml").dynamic_batching
     return {"one padded batch": None,
-            "fewest batches (overhead unset)": replace(shipped, batch_overhead_tokens=None),
-            f"least cost (overhead {OVERHEAD}, shipped)": shipped}
+            FEWEST: replace(SHIPPED, batch_overhead_tokens=None),
+            LEAST_COST: SHIPPED}
 
 
 def runner(batching: DynamicBatching | None) -> Callable[[Sequence[str]], object]:
     """Each call queues one window of queries and runs every batch the rule cuts from it."""
     session = encoder._session(MODEL / "model.onnx", threads=1, spinning=False)
     tokenizer = encoder.load_tokenizer(MODEL / "tokenizer.json")
-    names = [i.name for i in session.get_inputs()]
+    names = encoder._input_names(session)
     output = [session.get_outputs()[0].name]
 
     def run(window: Sequence[str]) -> object:
@@ -116,8 +117,7 @@ def repository(folder: Path, overhead: int | None) -> Path:
 
 def served(rounds: int, out: Path) -> dict[str, list[float]]:
     cores = os.cpu_count() or 2
-    variants = {"fewest batches (overhead unset)": None,
-                f"least cost (overhead {OVERHEAD}, shipped)": OVERHEAD}
+    variants = {FEWEST: None, LEAST_COST: OVERHEAD}
     repositories = {name: repository(out / f"repository-{i}", overhead)
                     for i, (name, overhead) in enumerate(variants.items())}
     rates: dict[str, list[float]] = {name: [] for name in variants}
