@@ -429,11 +429,12 @@ def render_recommend(results: dict[str, Any], command: str) -> list[str]:
         "",
         f"`{command}`: the staged sweep (one knob at a time around the best so far: precision,",
         "instances x threads with ONNX Runtime's thread spinning off and on where a layout has",
-        "threads to spin, max batch size, max queue delay). Each point is served by its own",
-        "`queryserve serve`, pinned to the cores it uses, and searched like section 2 with 2 s",
-        "runs. `*`: on the Pareto front of max rate against p99 there.",
+        "threads to spin, max batch size, the batcher's cut, max queue delay). Each point is",
+        "served by its own `queryserve serve`, pinned to the cores it uses, and searched like",
+        "section 2 with 2 s runs. `/oN`: `batch_overhead_tokens` N (no `/o`: unset, as few",
+        "batches as the limits allow). `*`: on the Pareto front of max rate against p99 there.",
         "",
-        "| point (precision/max batch/delay us/instances x threads[/spin]) | "
+        "| point (precision/max batch/delay us/instances x threads[/spin][/oN]) | "
         f"max req/s at {pct} <= 10 ms"
         f" | p50 / {pct} there (ms) | peak RSS (MB) | Pareto |",
         "|---|---:|---:|---:|---|",

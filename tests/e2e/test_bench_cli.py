@@ -84,6 +84,8 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert run.returncode == 1 and "loopback" in run.stderr
     run = queryserve("bench", nobody, "--phase", "0:5")
     assert run.returncode == 2 and "users >= 1" in run.stderr
+    run = queryserve("recommend", "--overheads", "none,four")
+    assert run.returncode == 2 and "'four' is not a batch overhead" in run.stderr
 
 
 def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path) -> None:
@@ -92,21 +94,23 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     served = json.loads((ROOT / "model_repository" / "embed" / "prepare.json").read_text())
     chosen = served["chosen"]
     args = ("recommend", "--precisions", chosen, "--layouts", "1x1,2x1",
-            "--max-batch-sizes", "64", "--delays-us", "0", "--p99-ms", "1000",
+            "--max-batch-sizes", "64", "--delays-us", "0", "--overheads", "4",
+            "--p99-ms", "1000",
             "--start-rate", "20", "--max-rate", "40", "--step-duration", "0.5",
             "--out", str(tmp_path), "--no-progress")
     run = queryserve(*args)
     assert run.returncode == 0, run.stderr
     results = json.loads((tmp_path / "recommend.json").read_text())
     points = {p["id"]: p for p in results["points"]}
-    assert set(points) == {f"{chosen}/b64/d0/2x1", f"{chosen}/b64/d0/1x1"}
+    assert set(points) == {f"{chosen}/b64/d0/2x1/o4", f"{chosen}/b64/d0/1x1/o4"}
     assert all(p["max_rate"] == 40 and p["error"] is None for p in points.values())
     assert all(p["rss_mb"] and p["rss_mb"] > 50 for p in points.values())
-    assert results["default"] == f"{chosen}/b64/d0/2x1"
+    assert results["default"] == f"{chosen}/b64/d0/2x1/o4"
     assert sum(p["best"] for p in points.values()) == 1
     assert any(p["pareto"] for p in points.values())
     best_yaml = (tmp_path / "model.yaml").read_text()
     assert "max_batch_size: 64" in best_yaml and "queryserve recommend" in best_yaml
+    assert "batch_overhead_tokens: 4" in best_yaml
     assert (tmp_path / "recommend.html").stat().st_size > 0
     # Run again: both points come from the saved state, no server is started.
     t0 = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def shipped_config() -> dict[str, object]:
 
 def test_the_current_config_is_the_starting_point() -> None:
     start = current_point(shipped_config(), FILES, cores=2)
-    assert start == Point("int8", 64, 0, 2, 1)
+    assert start == Point("int8", 64, 0, 2, 1, batch_overhead_tokens=4)
     with pytest.raises(BenchError, match="not one of the prepared variants"):
         current_point(shipped_config(), {"fp32": "variants/fp32.onnx"}, cores=2)
 
@@ -50,8 +51,35 @@ def test_stages_vary_one_knob_around_the_best() -> None:
     assert stage_points(0, best, KNOBS) == [Point("fp32", 64, 0, 2, 1), best]
     assert {(p.instances, p.threads) for p in stage_points(1, best, KNOBS)} == set(KNOBS.layouts)
     assert [p.max_batch_size for p in stage_points(2, best, KNOBS)] == [8, 64]
-    assert [p.max_queue_delay_us for p in stage_points(3, best, KNOBS)] == [0, 2000]
+    assert [p.max_queue_delay_us for p in stage_points(4, best, KNOBS)] == [0, 2000]
     assert len(full_grid(KNOBS)) == 2 * 3 * 2 * 2
+    cuts = replace(KNOBS, overheads=(None, 4))
+    assert [p.batch_overhead_tokens for p in stage_points(3, best, cuts)] == [None, 4]
+    assert len(full_grid(cuts)) == 2 * 3 * 2 * 2 * 2
+
+
+def test_the_batch_overhead_is_a_knob() -> None:
+    knobs = default_knobs(FILES, Point("int8", 64, 0, 2, 1, batch_overhead_tokens=6), cores=2)
+    assert knobs.overheads == (None, 1, 4, 6, 16)
+    cut = Point("int8", 64, 0, 2, 1, batch_overhead_tokens=16)
+    assert cut.id == "int8/b64/d0/2x1/o16"
+    written = point_yaml(shipped_config(), cut, FILES)
+    assert written["dynamic_batching"]["batch_overhead_tokens"] == 16
+    assert current_point(written, FILES, cores=2) == cut
+    # unset: the key goes, and the shipped config's overhead with it (fewest batches)
+    fewest = point_yaml(shipped_config(), replace(cut, batch_overhead_tokens=None), FILES)
+    assert "batch_overhead_tokens" not in fewest["dynamic_batching"]
+    assert current_point(fewest, FILES, cores=2).id == "int8/b64/d0/2x1"
+
+
+def test_a_record_names_its_point_with_every_knob() -> None:
+    # regression: the winner's model.yaml was rebuilt from five of the knobs, so a winner
+    # measured with spinning threads was written without them
+    point = Point("int8", 16, 500, 1, 2, spinning=True, batch_overhead_tokens=4)
+    assert Point.from_params({**asdict(point), "cores": 2}) == point
+    # records from before the overhead knob have no such key: unset
+    old = {k: v for k, v in asdict(point).items() if k != "batch_overhead_tokens"}
+    assert Point.from_params(old) == replace(point, batch_overhead_tokens=None)
 
 
 def test_point_yaml_is_a_valid_model_config(tmp_path: Path) -> None:

@@ -212,6 +212,17 @@ def _spinning(value: str) -> list[bool]:
     return [n == "on" for n in dict.fromkeys(names)]
 
 
+def _overheads(value: str) -> list[int | None]:
+    out: list[int | None] = []
+    for item in _names(value):
+        if item != "none" and not (item.isdigit() and int(item) <= 1_000_000):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a batch overhead: use whole numbers of tokens from 0 to "
+                "1000000, or none (as few batches as the limits allow), e.g. none,1,4,16")
+        out.append(None if item == "none" else int(item))
+    return list(dict.fromkeys(out))
+
+
 def _layouts(value: str) -> list[tuple[int, int]]:
     out = []
     for item in _names(value):
@@ -228,11 +239,11 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         "recommend", help="find the model config with the most throughput (or least cost) "
                           "under a latency bar",
         description="Serve the model in each candidate configuration (precision, max batch "
-                    "size, max queue delay, instances x threads), find each one's highest rate "
-                    "under the latency bar with the open-loop search, mark the Pareto front "
-                    "and write the winning model.yaml. Staged by default (one knob at a time "
-                    "around the best so far); finished points are kept, so an interrupted "
-                    "sweep resumes where it stopped.")
+                    "size, batch overhead, max queue delay, instances x threads), find each "
+                    "one's highest rate under the latency bar with the open-loop search, mark "
+                    "the Pareto front and write the winning model.yaml. Staged by default (one "
+                    "knob at a time around the best so far); finished points are kept, so an "
+                    "interrupted sweep resumes where it stopped.")
     rec.add_argument("--model", default="embed", help="model name (default: %(default)s)")
     rec.add_argument("--repository", type=Path, default=Path("model_repository"),
                      help="model repository (default: %(default)s)")
@@ -259,6 +270,10 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                      help="e.g. 8,16,64 (default: 8,16,64 and the current one)")
     rec.add_argument("--delays-us", type=_ints, default=None,
                      help="max queue delays, e.g. 0,1000,4000 (default: those and the current)")
+    rec.add_argument("--overheads", type=_overheads, default=None,
+                     help="the batcher's batch_overhead_tokens to try, e.g. none,1,4,16 "
+                          "(default: those and the current; none: as few batches as the "
+                          "limits allow)")
     rec.add_argument("--queries", type=_queries, default=QUERY_SETS["massive"],
                      help="'massive' (default), 'catalog' or a file, as for bench")
     rec.add_argument("--field", default="text", help="JSON field of --queries to use")
@@ -294,7 +309,7 @@ def run_recommend_command(args: argparse.Namespace) -> None:
                   # Knobs not given stay empty: run_recommend takes the model's defaults.
                   knobs=Knobs(tuple(args.precisions or ()), tuple(args.layouts or ()),
                               tuple(args.max_batch_sizes or ()), tuple(args.delays_us or ()),
-                              tuple(args.spinning or ())))
+                              tuple(args.spinning or ()), tuple(args.overheads or ())))
     console = Console(stderr=True)
     observer = PlainSteps() if args.no_progress else LiveSteps(console)
 

@@ -1,16 +1,17 @@
 """`queryserve recommend`: find the model configuration that serves the most (or the cheapest)
 queries under a latency bar, by measuring each candidate on a real server.
 
-A point is one configuration: the model file (precision), max batch size, max queue delay
-and instances x intra-op threads. Each point is served from its own small model repository
-(symlinks to the prepared files plus a rewritten `model.yaml`) by a `queryserve serve`
-process pinned to the cores it is given, and measured with the open-loop max-rate search.
+A point is one configuration: the model file (precision), max batch size, max queue delay,
+instances x intra-op threads, and how the batcher cuts its queue (`batch_overhead_tokens`).
+Each point is served from its own small model repository (symlinks to the prepared files
+plus a rewritten `model.yaml`) by a `queryserve serve` process pinned to the cores it is
+given, and measured with the open-loop max-rate search.
 
 By default the sweep is staged, like Model Analyzer's quick search: vary one knob at a time
 around the best point so far (precision, then instances x threads, then max batch size, then
-queue delay), about ten points instead of a full grid of dozens. `--grid full` measures every
-combination. Finished points are kept in `recommend-state.json` in the output folder, so a
-sweep interrupted and run again measures only what is missing.
+the batch cut, then queue delay), about fifteen points instead of a full grid of hundreds.
+`--grid full` measures every combination. Finished points are kept in `recommend-state.json`
+in the output folder, so a sweep interrupted and run again measures only what is missing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +56,24 @@ class Point:
     instances: int
     threads: int
     spinning: bool = False  # ONNX Runtime's intra-op threads spin between batches
+    # The batcher's cost per batch in padded tokens; None: as few batches as the limits allow.
+    batch_overhead_tokens: int | None = None
 
     @property
     def id(self) -> str:
         return (f"{self.precision}/b{self.max_batch_size}/d{self.max_queue_delay_us}/"
-                f"{self.instances}x{self.threads}" + ("/spin" if self.spinning else ""))
+                f"{self.instances}x{self.threads}" + ("/spin" if self.spinning else "")
+                + ("" if self.batch_overhead_tokens is None
+                   else f"/o{self.batch_overhead_tokens}"))
 
     @property
     def cores(self) -> int:
         return self.instances * self.threads
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Point:
+        """The point a result record's ``params`` describe (every knob, spinning included)."""
+        return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Knobs:
     max_batch_sizes: tuple[int, ...]
     delays_us: tuple[int, ...]
     spinning: tuple[bool, ...] = ()  # tried with each layout of more than one thread
+    overheads: tuple[int | None, ...] = ()  # batch_overhead_tokens; None: unset
 
 
 @dataclass(frozen=True)
@@ -132,22 +143,29 @@ def current_point(config: dict[str, Any], files: dict[str, str], cores: int) -> 
                          f"({', '.join(files.values())})")
     instances = int(config.get("instance_group", {}).get("count", 1))
     spinning = bool(config.get("parameters", {}).get("allow_spinning", False))
+    batching = config.get("dynamic_batching") or {}
+    overhead = batching.get("batch_overhead_tokens")
     return Point(precision, int(config["max_batch_size"]),
-                 int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0)),
-                 instances, max(1, cores // instances), spinning)
+                 int(batching.get("max_queue_delay_microseconds", 0)),
+                 instances, max(1, cores // instances), spinning,
+                 None if overhead is None else int(overhead))
 
 
 def default_knobs(files: dict[str, str], start: Point, cores: int,
                   backend: str = "onnxruntime") -> Knobs:
     """Every passing precision; each instances x threads layout that fits the cores, with
-    ONNX Runtime's thread spinning off and on; batch sizes and delays around the current
-    ones."""
+    ONNX Runtime's thread spinning off and on; batch sizes, batch overheads and delays around
+    the current ones."""
     layouts = tuple((i, t) for i in range(1, cores + 1) for t in range(1, cores + 1)
                     if i * t <= cores)
     batches = tuple(sorted({8, 16, 64, start.max_batch_size}))
     delays = tuple(sorted({0, 1000, 4000, start.max_queue_delay_us}))
     spinning = (False, True) if backend == "onnxruntime" else (start.spinning,)
-    return Knobs(tuple(files), layouts, batches, delays, spinning)
+    # Unset (fewest batches), and least-cost cuts around the one-thread optimum of 3-6
+    # padded tokens per batch measured for MiniLM (BENCHMARKS.md, "The batcher's cut").
+    current = start.batch_overhead_tokens
+    overheads = (None, *sorted({1, 4, 16} | ({current} if current is not None else set())))
+    return Knobs(tuple(files), layouts, batches, delays, spinning, overheads)
 
 
 def _layout_points(best: Point, knobs: Knobs) -> list[Point]:
@@ -157,24 +175,29 @@ def _layout_points(best: Point, knobs: Knobs) -> list[Point]:
 
 
 def full_grid(knobs: Knobs) -> list[Point]:
-    return [replace(layout, precision=p, max_batch_size=b, max_queue_delay_us=d)
+    return [replace(layout, precision=p, max_batch_size=b, max_queue_delay_us=d,
+                    batch_overhead_tokens=o)
             for layout in _layout_points(Point("", 0, 0, 1, 1), knobs)
-            for p in knobs.precisions for b in knobs.max_batch_sizes for d in knobs.delays_us]
+            for p in knobs.precisions for b in knobs.max_batch_sizes for d in knobs.delays_us
+            for o in knobs.overheads or (None,)]
 
 
 def stage_points(stage: int, best: Point, knobs: Knobs) -> list[Point]:
     """Stage 0 varies the precision around ``best``, 1 the layout, 2 the batch size, 3 the
-    delay."""
+    batch overhead, 4 the delay."""
     if stage == 0:
         return [replace(best, precision=p) for p in knobs.precisions]
     if stage == 1:
         return _layout_points(best, knobs)
     if stage == 2:
         return [replace(best, max_batch_size=b) for b in knobs.max_batch_sizes]
+    if stage == 3:
+        return [replace(best, batch_overhead_tokens=o) for o in knobs.overheads]
     return [replace(best, max_queue_delay_us=d) for d in knobs.delays_us]
 
 
-STAGES = ("precision", "instances x threads (spinning)", "max batch size", "max queue delay")
+STAGES = ("precision", "instances x threads (spinning)", "max batch size",
+          "batch cut (overhead tokens)", "max queue delay")
 
 
 def best_point(points: Sequence[dict[str, Any]], objective: str,
@@ -203,6 +226,10 @@ def point_yaml(config: dict[str, Any], point: Point, files: dict[str, str]) -> d
     out["max_batch_size"] = point.max_batch_size
     out.setdefault("dynamic_batching", {})["max_queue_delay_microseconds"] = (
         point.max_queue_delay_us)
+    if point.batch_overhead_tokens is None:
+        out["dynamic_batching"].pop("batch_overhead_tokens", None)
+    else:
+        out["dynamic_batching"]["batch_overhead_tokens"] = point.batch_overhead_tokens
     out.setdefault("instance_group", {})["count"] = point.instances
     if config.get("backend", "onnxruntime") == "onnxruntime":
         out.setdefault("parameters", {})["allow_spinning"] = point.spinning
@@ -383,7 +410,8 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
     given = sweep.knobs
     knobs = Knobs(given.precisions or base.precisions, given.layouts or base.layouts,
                   given.max_batch_sizes or base.max_batch_sizes,
-                  given.delays_us or base.delays_us, given.spinning or base.spinning)
+                  given.delays_us or base.delays_us, given.spinning or base.spinning,
+                  given.overheads or base.overheads)
     unknown = set(knobs.precisions) - set(files)
     if unknown:
         raise BenchError(f"unknown precision {sorted(unknown)}: prepared are {sorted(files)}")
@@ -392,7 +420,8 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
     sweep.out_dir.mkdir(parents=True, exist_ok=True)
     (sweep.out_dir / "logs").mkdir(exist_ok=True)
     state_path = sweep.out_dir / STATE_FILE
-    key = {"model": sweep.model, "threshold_ms": sweep.threshold_ms,
+    # "points": 2 since points carry the batch overhead; an older state's ids name other points.
+    key = {"points": 2, "model": sweep.model, "threshold_ms": sweep.threshold_ms,
            "percentile": sweep.percentile, "step_duration_s": sweep.step_duration_s,
            "bodies": len(sweep.payloads.bodies), "price_per_hour": sweep.price_per_hour,
            "items_per_request": sweep.payloads.items_per_request}
@@ -448,9 +477,7 @@ def _results(sweep: Sweep, config: dict[str, Any], files: dict[str, str],
     results["best"] = winner["id"] if winner else None
     results["default"] = start.id
     if winner is not None:
-        params = winner["params"]
-        point = Point(params["precision"], params["max_batch_size"],
-                      params["max_queue_delay_us"], params["instances"], params["threads"])
+        point = Point.from_params(winner["params"])
         results["best_model_yaml"] = (
             f"# Written by `queryserve recommend` on {results['started_at']}: the best point\n"
             f"# ({sweep.objective}) under {sweep.percentile} <= {sweep.threshold_ms:g} ms, "
