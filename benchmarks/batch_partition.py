@@ -36,10 +36,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from queryserve.bench.recommend import serving  # noqa: E402
+from queryserve.bench.recommend import _build_repository, serving  # noqa: E402
 from queryserve.config import DynamicBatching, load_model_config  # noqa: E402
 from queryserve.optimize import encoder  # noqa: E402
 from queryserve.optimize.plan import rate_of  # noqa: E402
+from queryserve.prepare import read_utterances  # noqa: E402
 from queryserve.scheduling.batcher import DynamicBatcher, QueuedItem  # noqa: E402
 
 MODEL = ROOT / "model_repository" / "embed"
@@ -106,13 +107,9 @@ def in_process(queries: list[str], seconds: float, rounds: int) -> dict[str, dic
 
 def repository(folder: Path, overhead: int | None) -> Path:
     """A one-model repository: the prepared `embed` files, the shipped config with `overhead`."""
-    (folder / "embed").mkdir(parents=True)
-    for name in ("model.onnx", "tokenizer.json"):
-        (folder / "embed" / name).symlink_to(MODEL / name)
     config = yaml.safe_load((MODEL / "model.yaml").read_text())
     config["dynamic_batching"]["batch_overhead_tokens"] = overhead
-    (folder / "embed" / "model.yaml").write_text(yaml.safe_dump(config))
-    return folder
+    return _build_repository(folder, "embed", MODEL, config)
 
 
 def served(rounds: int, out: Path) -> dict[str, list[float]]:
@@ -139,7 +136,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="per in-process round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    queries = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines() if line]
+    queries = read_utterances(QUERIES)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     table = in_process(queries, args.seconds, args.rounds)
     print("| rule | " + " | ".join(f"{k} queries" for k in WINDOWS) + " |")

@@ -23,6 +23,7 @@ BACKENDS = ("onnxruntime", "ctranslate2", "noisy_channel", "fake")
 PIPELINES = ("text_embedding", "text_classification", "pair_scoring", "text2text",
              "spelling")
 
+MAX_BATCH_OVERHEAD_TOKENS = 1_000_000  # `batch_overhead_tokens`' upper bound
 T = TypeVar("T")
 
 
@@ -231,7 +232,7 @@ class _Reader:
                 f"{where}.max_batch_tokens", 1),
             batch_overhead_tokens=None if fields.get("batch_overhead_tokens") is None
             else self.integer(fields["batch_overhead_tokens"],
-                              f"{where}.batch_overhead_tokens", 0, 1_000_000),
+                              f"{where}.batch_overhead_tokens", 0, MAX_BATCH_OVERHEAD_TOKENS),
         )
 
     def instances(self, raw: object) -> InstanceGroup:

@@ -42,8 +42,8 @@ SPELL_MAX_OUTPUT = 80  # characters: the longest held-out query has 66 with its 
 CALIBRATION_TEXTS = 512
 
 
-def read_utterances(path: Path, limit: int) -> list[str]:
-    """The `text` fields of a MASSIVE jsonl file, in file order."""
+def read_utterances(path: Path, limit: int | None = None) -> list[str]:
+    """The `text` fields of a MASSIVE jsonl file, in file order (the first `limit`)."""
     if not path.is_file():
         raise ExportError(f"query file {path} is missing; run from the repository root or pass "
                           "--data")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from queryserve.bench.payloads import PROTOCOLS
+from queryserve.config import MAX_BATCH_OVERHEAD_TOKENS
 
 N = TypeVar("N", int, float)
 
@@ -215,10 +216,12 @@ def _spinning(value: str) -> list[bool]:
 def _overheads(value: str) -> list[int | None]:
     out: list[int | None] = []
     for item in _names(value):
-        if item != "none" and not (item.isdigit() and int(item) <= 1_000_000):
+        if item != "none" and not (item.isdigit()
+                                   and int(item) <= MAX_BATCH_OVERHEAD_TOKENS):
             raise argparse.ArgumentTypeError(
                 f"{item!r} is not a batch overhead: use whole numbers of tokens from 0 to "
-                "1000000, or none (as few batches as the limits allow), e.g. none,1,4,16")
+                f"{MAX_BATCH_OVERHEAD_TOKENS}, or none (as few batches as the limits allow), "
+                "e.g. none,1,4,16")
         out.append(None if item == "none" else int(item))
     return list(dict.fromkeys(out))
 
