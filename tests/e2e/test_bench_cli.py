@@ -102,10 +102,15 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     assert run.returncode == 0, run.stderr
     results = json.loads((tmp_path / "recommend.json").read_text())
     points = {p["id"]: p for p in results["points"]}
-    assert set(points) == {f"{chosen}/b64/d0/2x1/o4", f"{chosen}/b64/d0/1x1/o4"}
+    # The two points asked for, and the untuned reference: one instance on both cores, no
+    # batch cut (what the config reader does without those keys).
+    untuned = f"{chosen}/b64/d0/1x2"
+    assert set(points) == {f"{chosen}/b64/d0/2x1/o4", f"{chosen}/b64/d0/1x1/o4", untuned}
     assert all(p["max_rate"] == 40 and p["error"] is None for p in points.values())
     assert all(p["rss_mb"] and p["rss_mb"] > 50 for p in points.values())
     assert results["default"] == f"{chosen}/b64/d0/2x1/o4"
+    assert results["untuned"] == untuned and points[untuned]["untuned"]
+    assert "the untuned config" in run.stdout or "it is the untuned config" in run.stdout
     assert sum(p["best"] for p in points.values()) == 1
     assert any(p["pareto"] for p in points.values())
     best_yaml = (tmp_path / "model.yaml").read_text()
@@ -116,5 +121,5 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     t0 = time.monotonic()
     again = queryserve(*args)
     assert again.returncode == 0, again.stderr
-    assert again.stderr.count("measured in an earlier run") == 2
+    assert again.stderr.count("measured in an earlier run") == 3
     assert time.monotonic() - t0 < 20

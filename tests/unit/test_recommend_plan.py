@@ -17,6 +17,7 @@ from queryserve.bench.recommend import (
     full_grid,
     point_yaml,
     stage_points,
+    untuned_point,
 )
 from queryserve.config import load_model_config
 from queryserve.errors import BenchError
@@ -37,6 +38,24 @@ def test_the_current_config_is_the_starting_point() -> None:
     assert start == Point("int8", 64, 0, 2, 1, batch_overhead_tokens=4)
     with pytest.raises(BenchError, match="not one of the prepared variants"):
         current_point(shipped_config(), {"fp32": "variants/fp32.onnx"}, cores=2)
+
+
+def test_the_untuned_reference_keeps_the_model_and_resets_every_knob(tmp_path: Path) -> None:
+    start = Point("int8", 64, 2000, 2, 1, spinning=True, batch_overhead_tokens=4)
+    untuned = untuned_point(start, cores=2)
+    assert untuned == Point("int8", 64, 0, 1, 2)
+    assert untuned.id == "int8/b64/d0/1x2"
+    # Written out, it is what the config reader makes of a model.yaml without those keys.
+    config = point_yaml(shipped_config(), untuned, FILES)
+    folder = tmp_path / "embed"
+    folder.mkdir()
+    (folder / "model.yaml").write_text(yaml.safe_dump(config))
+    loaded = load_model_config(folder / "model.yaml")
+    assert loaded.instance_group.count == 1
+    assert loaded.dynamic_batching is not None
+    assert loaded.dynamic_batching.max_queue_delay_microseconds == 0
+    assert loaded.dynamic_batching.batch_overhead_tokens is None
+    assert loaded.parameter("allow_spinning", True) is False
 
 
 def test_default_knobs_fit_the_cores_and_keep_the_current_values() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from queryserve.bench.console import gains
 from queryserve.bench.pareto import pareto_axes
 from queryserve.bench.report import (
     pareto_front,
@@ -164,7 +165,7 @@ def _point(
 def recommend_results() -> dict[str, Any]:
     points = [
         _point("fp32/b1/d0/2x1", "fp32", 1, 210.0, 7.5, 0.13, default=True),
-        _point("fp32/b64/d0/2x1", "fp32", 64, 300.0, 9.1, 0.09),
+        _point("fp32/b64/d0/2x1", "fp32", 64, 300.0, 9.1, 0.09, untuned=True),
         _point("int8/b64/d0/2x1", "int8", 64, 520.0, 8.9, 0.05, pareto=True, best=True),
         _point("int8/b8/d0/2x1", "int8", 8, 450.0, 4.2, 0.06, pareto=True),
         _point(
@@ -190,6 +191,7 @@ def recommend_results() -> dict[str, Any]:
         "points": points,
         "best": "int8/b64/d0/2x1",
         "default": "fp32/b1/d0/2x1",
+        "untuned": "fp32/b64/d0/2x1",
         "best_model_yaml": "backend: onnxruntime\nmax_batch_size: 64  # <int8> & fused\n",
     }
 
@@ -353,6 +355,7 @@ def test_recommend_report(tmp_path: Path) -> None:
     assert float(best["max_rate"]) == 520.0 and float(best["p99_ms"]) == 8.9
     assert best["best"] == "true" and best["pareto"] == "true"
     assert rows[0]["default"] == "true" and rows[0]["best"] == "false"
+    assert [row["untuned"] for row in rows] == ["false", "true", "false", "false", "false"]
     failed = rows[4]
     assert failed["p99_ms"] == "" and failed["cost_per_million"] == ""
     assert failed["error"] == "server exited: <killed> & OOM"
@@ -366,6 +369,8 @@ def test_recommend_report(tmp_path: Path) -> None:
         page
     )
     assert "2.48\u00d7 the max rate of the default" in page
+    assert "1.73\u00d7 the max rate of the untuned configuration fp32/b64/d0/2x1" in page
+    assert "1.73x the untuned config (300 req/s)" in gains(results)
     assert "cost 0.05 per million inferences" in page and "<th>cost / 1M inferences</th>" in page
 
 

@@ -10,8 +10,10 @@ given, and measured with the open-loop max-rate search.
 By default the sweep is staged, like Model Analyzer's quick search: vary one knob at a time
 around the best point so far (precision, then instances x threads, then max batch size, then
 the batch cut, then queue delay), about fifteen points instead of a full grid of hundreds.
-`--grid full` measures every combination. Finished points are kept in `recommend-state.json`
-in the output folder, so a sweep interrupted and run again measures only what is missing.
+`--grid full` measures every combination. Either way the sweep also measures the untuned
+reference (`untuned_point`), so the report says what tuning bought. Finished points are kept
+in `recommend-state.json` in the output folder, so a sweep interrupted and run again measures
+only what is missing.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from queryserve.bench.loadgen import LoadResult, run_open_loop, run_sync
 from queryserve.bench.pareto import pareto_axes, pareto_front
 from queryserve.bench.payloads import Payloads
 from queryserve.bench.search import Trial, search_max_rate
+from queryserve.config import DynamicBatching, InstanceGroup
 from queryserve.errors import BenchError
 
 STATE_FILE = "recommend-state.json"
@@ -149,6 +152,17 @@ def current_point(config: dict[str, Any], files: dict[str, str], cores: int) -> 
                  int(batching.get("max_queue_delay_microseconds", 0)),
                  instances, max(1, cores // instances), spinning,
                  None if overhead is None else int(overhead))
+
+
+def untuned_point(start: Point, cores: int) -> Point:
+    """What Model Analyzer calls the default config, the reference a tuned config is judged
+    against: the same model file and max batch size, with every knob recommend tunes at
+    queryserve's built-in default (one instance on all the cores, no queue delay, no batch
+    cut, no thread spinning). The shipped model.yaml files are themselves past winners, so
+    the gain over them alone says little about what tuning buys."""
+    batching, instances = DynamicBatching(), InstanceGroup().count
+    return Point(start.precision, start.max_batch_size, batching.max_queue_delay_microseconds,
+                 instances, max(1, cores // instances), False, batching.batch_overhead_tokens)
 
 
 def default_knobs(files: dict[str, str], start: Point, cores: int,
@@ -441,9 +455,11 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
                 _save_state(state_path, key, done)
             on_point(len(measured), total, point, done[point.id], kept)
 
+    untuned = untuned_point(start, sweep.total_cores)
     if sweep.grid == "full":
-        measure([start] + [p for p in full_grid(knobs) if p != start])
+        measure([start, untuned, *full_grid(knobs)])
     else:
+        measure([start, untuned])
         best = start
         for stage in range(len(STAGES)):
             measure([best, *stage_points(stage, best, knobs)])
@@ -451,11 +467,11 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
                                 sweep.percentile)
             if winner is not None:
                 best = next(p for p in measured if p.id == winner["id"])
-    return _results(sweep, config, files, [done[p.id] for p in measured], start)
+    return _results(sweep, config, files, [done[p.id] for p in measured], start, untuned)
 
 
 def _results(sweep: Sweep, config: dict[str, Any], files: dict[str, str],
-             points: list[dict[str, Any]], start: Point) -> dict[str, Any]:
+             points: list[dict[str, Any]], start: Point, untuned: Point) -> dict[str, Any]:
     results: dict[str, Any] = {
         "kind": "recommend",
         "command": sweep.command or shlex.join(sys.argv),
@@ -474,8 +490,10 @@ def _results(sweep: Sweep, config: dict[str, Any], files: dict[str, str],
         p["pareto"] = p["id"] in front
         p["best"] = winner is not None and p["id"] == winner["id"]
         p["default"] = p["id"] == start.id
+        p["untuned"] = p["id"] == untuned.id
     results["best"] = winner["id"] if winner else None
     results["default"] = start.id
+    results["untuned"] = untuned.id
     if winner is not None:
         point = Point.from_params(winner["params"])
         results["best_model_yaml"] = (

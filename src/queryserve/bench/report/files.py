@@ -95,7 +95,8 @@ def recommend_rows(
     """
     extra = extra_percentile(results)
     fixed = ["id", "max_rate", "p50_ms", "p99_ms", *([f"{extra}_ms"] if extra else []),
-             "cost_per_million", "rss_mb", "pareto", "best", "default", "error"]
+             "cost_per_million", "rss_mb", "pareto", "best", "default", "untuned",
+             "error"]
     params = {name: name if name not in fixed else f"param_{name}" for name in param_names(points)}
     rows = []
     for point in points:
@@ -103,7 +104,8 @@ def recommend_rows(
         row: dict[str, Any] = {column: values.get(name) for name, column in params.items()}
         row |= {f"{key}_ms": latency.get(key) for key in ("p50", "p99", extra) if key}
         row |= {key: point.get(key) for key in ("id", "max_rate", "cost_per_million", "rss_mb")}
-        for key in ("best", "default"):  # the point's flag, else whether it is the one named
+        # Each flag as the point has it, else whether it is the point the results name.
+        for key in ("best", "default", "untuned"):
             row[key] = point.get(key, point.get("id") == results.get(key))
         row |= {"pareto": text(point.get("id")) in front, "error": point.get("error")}
         rows.append(row)

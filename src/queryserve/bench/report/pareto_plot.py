@@ -48,6 +48,7 @@ def pareto_plot(results: Mapping[str, Any], front: Collection[str], path: Path) 
     on_front = sorted((pid for pid in coords if pid in front),
                       key=lambda pid: (coords[pid][0], -coords[pid][1]))
     best, default = text(results.get("best")), text(results.get("default"))
+    untuned = text(results.get("untuned"))
     threshold = as_dict(results.get("threshold"))
     threshold_ms = num(threshold.get("ms"))
     percentile = text(threshold.get("percentile")) or "p99"
@@ -69,7 +70,7 @@ def pareto_plot(results: Mapping[str, Any], front: Collection[str], path: Path) 
                 label=f"Pareto front (max rate vs {x_name})")
     # Name the Pareto points, and every point when there are few.
     for pid, (x, y) in coords.items():
-        if pid in (best, default) or (pid not in front and len(coords) > 12):
+        if pid in (best, default, untuned) or (pid not in front and len(coords) > 12):
             continue
         dx, ha = place(x)
         ax.annotate(mpl_text(pid), (x, y), xytext=(dx, -11), textcoords="offset points", ha=ha,
@@ -77,8 +78,9 @@ def pareto_plot(results: Mapping[str, Any], front: Collection[str], path: Path) 
     if line_at is not None:
         threshold_line(ax, line_at, percentile, vertical=True)
     for role, pid, colour, marker, dy in (("best", best, C_WIN, "*", 14.0),
-                                          ("default", default, "black", "D", -26.0)):
-        if pid not in coords:
+                                          ("default", default, "black", "D", -26.0),
+                                          ("untuned", untuned, "#666666", "s", -26.0)):
+        if pid not in coords or (role == "untuned" and pid in (best, default)):
             continue
         x, y = coords[pid]
         ax.scatter(x, y, s=260 if marker == "*" else 80, marker=marker, color=colour, zorder=5,

@@ -43,12 +43,12 @@ def _front(results: dict[str, Any], points: list[dict[str, Any]]) -> set[str]:
 def _headline(
     results: dict[str, Any], points: list[dict[str, Any]], percentile: str, bound: str
 ) -> tuple[str, str]:
-    """(headline, sub-line), both escaped: the best point, and how it compares to the default.
+    """(headline, sub-line), both escaped: the best point, and how it compares to the default
+    configuration (the model.yaml as given) and to the untuned one.
 
     ``bound`` is the threshold as escaped text, ``percentile`` its percentile key."""
     by_id = {text(point.get("id")): point for point in points}
     best = by_id.get(text(results["best"])) if results.get("best") is not None else None
-    default = by_id.get(text(results["default"])) if results.get("default") is not None else None
     if best is None:
         return f"No configuration met {bound}.", ""
     head = (f"Best for {esc(results.get('objective') or 'throughput')}: "
@@ -58,16 +58,23 @@ def _headline(
     if num(best.get("cost_per_million")) is not None:
         head += f", cost {fmt_cost(best.get('cost_per_million'))} per million inferences"
     best_rate = num(best.get("max_rate"))
-    if default is best:
-        return head, "The default configuration is already the best."
-    if default is None or best_rate is None:
-        return head, ""
-    default_rate = num(default.get("max_rate"))
-    if not default_rate:
-        return head, (f"The default configuration {esc(default.get('id'))} met no tested rate "
-                      f"under {bound}")
-    return head, (f"{best_rate / default_rate:.2f}\u00d7 the max rate of the default "
-                  f"configuration {esc(default.get('id'))} ({fmt_rate(default_rate)} req/s)")
+    sub = []
+    # The config as given, and every tuned knob at queryserve's built-in default.
+    for key, name in (("default", "default"), ("untuned", "untuned")):
+        ref = by_id.get(text(results[key])) if results.get(key) is not None else None
+        if ref is None or best_rate is None:
+            continue
+        if ref is best:
+            sub.append(f"The {name} configuration is the best.")
+            continue
+        ref_rate = num(ref.get("max_rate"))
+        if not ref_rate:
+            sub.append(f"The {name} configuration {esc(ref.get('id'))} met no tested rate "
+                       f"under {bound}.")
+        else:
+            sub.append(f"{best_rate / ref_rate:.2f}\u00d7 the max rate of the {name} "
+                       f"configuration {esc(ref.get('id'))} ({fmt_rate(ref_rate)} req/s).")
+    return head, " ".join(sub)
 
 
 def _points_table(
@@ -86,7 +93,7 @@ def _points_table(
     table_rows = []
     for point, row in zip(points, rows, strict=True):
         values = as_dict(point.get("params"))
-        tags = "".join(f'<span class="tag">{tag}</span>' for tag in ("best", "default")
+        tags = "".join(f'<span class="tag">{tag}</span>' for tag in ("best", "default", "untuned")
                        if row[tag] is True)
         cells = [f"{esc(point.get('id'))}{tags}",
                  *(DASH if values.get(name) is None else esc(values[name]) for name in params),
