@@ -74,6 +74,22 @@ def test_one_stalled_run_does_not_decide_a_probe() -> None:
     assert rate > 600
 
 
+def test_a_stall_over_a_whole_probe_does_not_cap_the_ramp() -> None:
+    # both runs at 200 req/s (indexes 2 and 3) stall: the ramp looks one level past it
+    measure, asked = server_with_capacity(730, flaky={2, 3})
+    rate, _, trials = run(search_max_rate(measure, 10, start_rate=100, max_probes=20))
+    assert asked[:10] == [100, 100, 200, 200, 400, 400, 800, 800, 1600, 1600]
+    assert [t.passed for t in trials[2:4]] == [False, False]
+    assert 730 * 0.95 <= rate <= 730  # bisected inside (400, 800), the first of two failures
+
+
+def test_a_real_ceiling_fails_twice_and_is_bisected_below_the_first_failure() -> None:
+    measure, asked = server_with_capacity(150)
+    rate, _, _ = run(search_max_rate(measure, 10, start_rate=100, max_probes=20))
+    assert asked[:6] == [100, 100, 200, 200, 400, 400]
+    assert 150 * 0.95 <= rate <= 150 and max(asked[6:]) < 200
+
+
 def test_a_server_slower_than_the_start_rate_is_found_by_halving() -> None:
     measure, asked = server_with_capacity(30)
     rate, res, _ = run(search_max_rate(measure, 10, start_rate=100, max_probes=20))
