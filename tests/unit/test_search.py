@@ -93,8 +93,17 @@ def test_a_real_ceiling_fails_twice_and_is_bisected_below_the_first_failure() ->
 def test_a_server_slower_than_the_start_rate_is_found_by_halving() -> None:
     measure, asked = server_with_capacity(30)
     rate, res, _ = run(search_max_rate(measure, 10, start_rate=100, max_probes=20))
-    assert asked[:6] == [100, 100, 50, 50, 25, 25]  # halve until a probe passes, then bisect
+    # halve until a probe passes, ramp again (the failed levels fail twice), then bisect
+    assert asked[:10] == [100, 100, 50, 50, 25, 25, 50, 50, 100, 100]
     assert 30 * 0.95 <= rate <= 30 and res is not None and passes(res, 10)
+
+
+def test_a_stall_at_the_start_rate_does_not_send_the_search_down() -> None:
+    # both runs at the start rate stall: after halving once, the ramp climbs past it again
+    measure, asked = server_with_capacity(730, flaky={0, 1})
+    rate, _, _ = run(search_max_rate(measure, 10, start_rate=100, max_probes=20))
+    assert asked[:6] == [100, 100, 50, 50, 100, 100]
+    assert 730 * 0.95 <= rate <= 730
 
 
 def test_nothing_passes_returns_zero_and_the_first_failing_result() -> None:

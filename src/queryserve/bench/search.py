@@ -47,9 +47,9 @@ async def search_max_rate(
     precision: float = 0.05,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> tuple[float, LoadResult | None, list[Trial]]:
-    """Highest rate that `passes`: from ``start_rate``, double until two levels in a row fail
-    (or halve until one passes, for a server slower than the start), then bisect between the
-    last passing level and the first failing one until the bracket is within ``precision``.
+    """Highest rate that `passes`: from ``start_rate`` (or, when that fails, the first of its
+    halvings that passes), double until two levels in a row fail, then bisect between the last
+    passing level and the first failing one until the bracket is within ``precision``.
 
     Each probe is the majority verdict of two or three runs: on a shared machine one stall can
     push a short run's percentile over the bar (or luck keep it under), and one such run must
@@ -73,24 +73,22 @@ async def search_max_rate(
         return verdict, next(t.result for t in reversed(votes) if t.passed == verdict)
 
     ok, res = await probe(start_rate)
-    probes = 1
-    if not ok:
-        first_failure, bad, rate = res, start_rate, start_rate / 2
-        while not ok and probes < max_probes and rate >= min_rate:
+    probes, rate = 1, start_rate
+    if not ok:  # a server slower than the start rate: halve until a probe passes
+        first_failure = res
+        while not ok and probes < max_probes and rate / 2 >= min_rate:
+            rate /= 2
             ok, res = await probe(rate)
             probes += 1
-            if not ok:
-                bad, rate = rate, rate / 2
         if not ok:
             return 0.0, first_failure, trials
-        good, good_res = rate, res
-    else:
-        good, good_res, bad = start_rate, res, 0.0
-    # The ramp looks one level past a failing probe before it ends: a VM stall that outlasts
-    # two short runs must not cap the search (a point that held 600 req/s in the next search
-    # was once capped at 188 by two stalled runs at 200, BENCHMARKS.md section 3). A real
-    # ceiling fails again at twice the rate and costs one probe more.
-    skipped = 0.0
+    good, good_res = rate, res
+    # Then double, and look one level past a failing probe before ending the ramp: a VM stall
+    # that outlasts a probe's runs must not cap the search. One capped a point that held 600
+    # req/s in the next sweep at 188 (two stalled runs at 200); another, at the start rate,
+    # sent a search for a server that holds 750 down to 48. Levels that failed on the way down
+    # are probed again: a real ceiling fails again, twice, at the cost of two probes.
+    skipped = bad = 0.0
     while not bad and probes < max_probes and good < max_rate:
         rate = min(max(good, skipped) * 2, max_rate)
         ok, res = await probe(rate)
