@@ -1239,7 +1239,7 @@ def provenance(only: set[str] | None, sections: list[str], measured_at: dict[str
     head = (f" Sections re-measured with `--only {','.join(again)}`; the others come from "
             "earlier runs." if again else
             " Nothing was re-measured; every section comes from an earlier run.")
-    return head + (" Each section was measured at (UTC, that day): "
+    return head + (" Each section was measured at (UTC): "
                    + ", ".join(f"{n} {measured_at.get(n, 'an earlier run')}" for n in sections)
                    + ".")
 
@@ -1291,7 +1291,7 @@ def main() -> int:
         if not args.only or name in args.only or name not in figures:
             log(title)
             figures[name] = measure()
-            measured_at[name] = datetime.datetime.now(datetime.UTC).strftime("%H:%M")
+            measured_at[name] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     engines, server, ceiling, peer_report = (figures["engines"], figures["server"],
                                              figures["ceiling"], figures["peers"])
     rec, rec_command = figures["recommend"]
