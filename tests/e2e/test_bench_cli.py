@@ -110,7 +110,7 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     assert all(p["rss_mb"] and p["rss_mb"] > 50 for p in points.values())
     assert results["default"] == f"{chosen}/b64/d0/2x1/o4"
     assert results["untuned"] == untuned and points[untuned]["untuned"]
-    assert "the untuned config" in run.stdout or "it is the untuned config" in run.stdout
+    assert "the untuned config" in run.stdout  # "...x the untuned config" or "it is the ..."
     assert sum(p["best"] for p in points.values()) == 1
     assert any(p["pareto"] for p in points.values())
     best_yaml = (tmp_path / "model.yaml").read_text()
