@@ -115,7 +115,10 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     assert any(p["pareto"] for p in points.values())
     best_yaml = (tmp_path / "model.yaml").read_text()
     assert "max_batch_size: 64" in best_yaml and "queryserve recommend" in best_yaml
-    assert "batch_overhead_tokens: 4" in best_yaml
+    # Every point ties at the 40 req/s cap, so the lowest p99 picks the winner: one of the two
+    # asked for (batch cut 4) or the untuned reference (no cut). Its yaml keeps its knobs.
+    (best,) = (p for p in points.values() if p["best"])
+    assert ("batch_overhead_tokens: 4" in best_yaml) == (best["id"] != untuned)
     assert (tmp_path / "recommend.html").stat().st_size > 0
     # Run again: both points come from the saved state, no server is started.
     t0 = time.monotonic()

@@ -459,7 +459,6 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
     if sweep.grid == "full":
         measure([start, untuned, *full_grid(knobs)])
     else:
-        measure([start, untuned])
         best = start
         for stage in range(len(STAGES)):
             measure([best, *stage_points(stage, best, knobs)])
@@ -467,6 +466,9 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
                                 sweep.percentile)
             if winner is not None:
                 best = next(p for p in measured if p.id == winner["id"])
+        # Last, so a reference that ties the current config on a noisy run cannot steer the
+        # stages away from it; it still wins if it measures best.
+        measure([untuned])
     return _results(sweep, config, files, [done[p.id] for p in measured], start, untuned)
 
 
