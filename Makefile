@@ -3,6 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
+HTTP   ?= 127.0.0.1:8000
 
 .PHONY: setup prepare run test bench lint
 
@@ -24,7 +25,7 @@ prepare: setup
 	$(VENV)/bin/queryserve prepare
 
 run: prepare
-	$(VENV)/bin/queryserve serve --repository model_repository --http 127.0.0.1:8000
+	$(VENV)/bin/queryserve serve --repository model_repository --http $(HTTP)
 
 test: prepare
 	$(PY) -m pytest

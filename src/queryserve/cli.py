@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from queryserve.duplicates.command import (
 from queryserve.errors import QueryServeError
 from queryserve.intent.command import add_intent_parser, run_intent_train_command
 from queryserve.optimize.command import add_optimize_parser, run_optimize_command
+from queryserve.server.http import IDLE_TIMEOUT_S, READ_TIMEOUT_S
 from queryserve.spell.command import (
     add_eval_parser,
     add_spell_parsers,
@@ -34,9 +36,30 @@ DEFAULT_REPOSITORY = Path("model_repository")
 
 def _address(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT, e.g. 127.0.0.1:8000")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not HOST:PORT with a port in 1-65535, e.g. 127.0.0.1:8000")
     return host, int(port)
+
+
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
+    return number
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a finite number of seconds > 0")
+    return number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,13 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model repository folder (default: %(default)s)")
     serve.add_argument("--http", type=_address, default=("127.0.0.1", 8000),
                        metavar="HOST:PORT", help="HTTP address (default: 127.0.0.1:8000)")
-    serve.add_argument("--cores", type=int, default=None,
+    serve.add_argument("--cores", type=_at_least_one, default=None,
                        help="cores the model instances share (default: all this process may "
                             "use); intra-op threads per instance = cores // instances")
-    serve.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+    serve.add_argument("--max-body-bytes", type=_at_least_one, default=8 * 1024 * 1024,
                        help="largest request body accepted (default: %(default)s)")
-    serve.add_argument("--max-items", type=int, default=1024,
-                       help="most texts in one request (default: %(default)s)")
+    serve.add_argument("--max-items", type=_at_least_one, default=1024,
+                       help="most items (texts, or pairs of texts) in one request "
+                            "(default: %(default)s)")
+    serve.add_argument("--read-timeout", type=_seconds, default=READ_TIMEOUT_S, metavar="S",
+                       help="a client silent this long in the middle of a request gets a 408 "
+                            "(default: %(default)g)")
+    serve.add_argument("--idle-timeout", type=_seconds, default=IDLE_TIMEOUT_S, metavar="S",
+                       help="a keep-alive connection idle this long is closed "
+                            "(default: %(default)g)")
 
     prepare = commands.add_parser(
         "prepare", help="build the default models (export to ONNX, quantize, parity-check)")
@@ -93,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
             host, port = args.http
             serve(ServeOptions(args.repository, host, port, args.cores,
-                               Limits(args.max_body_bytes, args.max_items)))
+                               Limits(args.max_body_bytes, args.max_items, args.read_timeout,
+                                      args.idle_timeout)))
         elif args.command == "bench":
             run_bench_command(args)
         elif args.command == "recommend":

@@ -49,9 +49,16 @@ class NotFound(QueryServeError):
 
 
 class MethodNotAllowed(QueryServeError):
+    """A known route asked with another method; `allow` names the methods it takes (the
+    Allow header HTTP requires on a 405)."""
+
     http_status = 405
     grpc_code = "UNIMPLEMENTED"
     outcome = "invalid"
+
+    def __init__(self, message: str, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
 
 
 class Unavailable(QueryServeError):
@@ -100,3 +107,7 @@ class ExportError(QueryServeError):
 
 class BenchError(QueryServeError):
     """A load test or sweep cannot run: a bad option, a missing queries file, no server."""
+
+
+class ServeError(QueryServeError):
+    """The server cannot start: its address is taken or not this machine's."""

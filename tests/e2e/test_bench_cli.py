@@ -86,6 +86,27 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert run.returncode == 2 and "users >= 1" in run.stderr
     run = queryserve("recommend", "--overheads", "none,four")
     assert run.returncode == 2 and "'four' is not a batch overhead" in run.stderr
+    for flag, value, said in (("--rate", "inf", "'inf' must be a finite number > 0"),
+                              ("--warmup", "nan", "'nan' must be a finite number >= 0"),
+                              ("--connections", "0", "'0' must be >= 1")):
+        run = queryserve("bench", nobody, flag, value)
+        assert run.returncode == 2 and f"argument {flag}: {said}" in run.stderr, run.stderr
+    for args, said in ((("--queries", str(tmp_path)), "cannot read queries file"),
+                       (("--path", "/v1/{x}"), "the only placeholder it may hold is {model}")):
+        run = queryserve("bench", nobody, "--rate", "10", *args)
+        assert run.returncode == 1 and said in run.stderr and "Traceback" not in run.stderr
+    run = queryserve("bench", "http://127.0.0.1:abc", "--rate", "10")
+    assert run.returncode == 1 and "has no valid port" in run.stderr
+
+
+def test_a_run_in_which_nothing_succeeds_fails(real_server: RunningServer,
+                                               tmp_path: Path) -> None:
+    run = queryserve("bench", real_server.url, "--model", "nosuch", "--rate", "20",
+                     "--duration", "0.5", "--warmup", "0", "--out", str(tmp_path),
+                     "--no-progress")
+    assert run.returncode == 1, run.stderr
+    assert "no request succeeded" in run.stderr and "x 404" in run.stderr
+    assert (tmp_path / "results.json").is_file()  # what the server said is kept
 
 
 def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path) -> None:

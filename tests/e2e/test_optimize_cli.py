@@ -206,7 +206,8 @@ def cpu_compute_types() -> set[str]:
 
 @pytest.mark.parametrize("case", ["not-a-folder", "no-config", "gpt2", "no-head", "seq2seq",
                                   "t5-as-embed", "seq2seq-calibration", "seq2seq-bf16",
-                                  "empty-calibration", "bf16", "bad-precision"])
+                                  "empty-calibration", "bf16", "bad-precision",
+                                  "another-model-in-out"])
 def test_bad_input_gets_one_line(tmp_path: Path, case: str) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
@@ -222,9 +223,14 @@ def test_bad_input_gets_one_line(tmp_path: Path, case: str) -> None:
             args += ["--calibration", str(folder / "config.json")]
         elif case == "seq2seq-bf16":
             args += ["--precision", "bf16"]
-    elif case in ("no-head", "empty-calibration", "bf16", "bad-precision"):
+    elif case in ("no-head", "empty-calibration", "bf16", "bad-precision",
+                  "another-model-in-out"):
         shutil.copytree(minilm_dir(), folder, dirs_exist_ok=True)
-        if case == "no-head":
+        if case == "another-model-in-out":  # a model `optimize` made from another folder
+            (tmp_path / "repo" / "m").mkdir(parents=True)
+            (tmp_path / "repo" / "m" / "model.yaml").write_text("backend: onnxruntime\n")
+            (tmp_path / "repo" / "m" / "prepare.json").write_text('{"source": "/else/where"}')
+        elif case == "no-head":
             args[2] = "classify"
         elif case == "empty-calibration":
             (tmp_path / "empty.txt").write_text("\n\n")
@@ -245,7 +251,9 @@ def test_bad_input_gets_one_line(tmp_path: Path, case: str) -> None:
             "seq2seq-bf16": f"runs {', '.join(sorted(cpu_compute_types()))}, "
                             "not int8_bfloat16, bfloat16",
             "empty-calibration": "is empty",
-            "bf16": "bfloat16 MatMul", "bad-precision": "use one or more of"}[case] in message
+            "bf16": "bfloat16 MatMul", "bad-precision": "use one or more of",
+            "another-model-in-out": "already holds a model made from /else/where; choose "
+                                    "another folder, or pass --overwrite"}[case] in message
 
 
 @pytest.mark.parametrize("family", ["distilbert", "roberta", "mpnet"])

@@ -65,10 +65,22 @@ def test_index_is_built_searched_and_rebuilt_when_the_encoder_or_graph_changes(
     assert index_is_current(tmp_path / "index", encoder)
 
 
+def requests_of(server: RunningServer, model: str) -> float:
+    line = f'queryserve_requests_total{{model="{model}",outcome="success"}} '
+    found = [float(x.rsplit(" ", 1)[1]) for x in httpx.get(f"{server.url}/metrics").text.split(
+        "\n") if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
 def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -> None:
+    before = {m: requests_of(real_server, m) for m in ("spell", "embed", "intent")}
     answer = httpx.post(f"{real_server.url}/v1/search", timeout=30,
                         json={"query": "taylor swfit shak it off", "k": 10})
     assert answer.status_code == 200, answer.text
+    # Each step counts a request on its own model, as Triton counts an ensemble's steps (the
+    # dashboard and `bench`'s server figures read these).
+    assert {m: requests_of(real_server, m) - before[m] for m in before} == {
+        "spell": 1, "embed": 1, "intent": 1}
     body = answer.json()
     assert body["corrected"] == "taylor swift shake it off" and body["changed"]
     assert body["searched"] == body["corrected"]  # a sure correction is searched

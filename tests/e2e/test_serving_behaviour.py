@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -182,3 +184,72 @@ def test_repository_unload_and_load(server: RunningServer) -> None:
         assert client.get("/v2/health/ready").status_code == 200
         missing = client.post("/v2/repository/models/ghost/load")
         assert missing.status_code == 404
+
+
+def test_a_stalled_request_gets_408_and_an_idle_connection_is_closed(tmp_path: Path) -> None:
+    write_fake_model(tmp_path, "fast")
+    running = start_server(tmp_path, tmp_path / "server.log", "--read-timeout", "1",
+                           "--idle-timeout", "1.5")
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/fast/infer HTTP/1.1\r\nhost: x\r\n"
+                         b"content-length: 10\r\n\r\n{")  # 9 bytes never come
+            started = time.monotonic()
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert b"sent nothing for 1 s" in answer
+            assert sock.recv(4096) == b""  # closed after the 408
+            assert 0.9 < time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            assert sock.recv(4096) == b""  # idle keep-alive connection closed by the server
+            assert 1.4 < time.monotonic() - started < 5
+    finally:
+        stop_server(running)
+
+
+def test_an_upgrade_request_is_answered_once_as_plain_http(server: RunningServer) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\n"
+                     b"upgrade: websocket\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    assert received.count(b"HTTP/1.1 ") == 1 and received.startswith(b"HTTP/1.1 200")
+
+
+def test_http_details_methods_encoded_paths_and_repeated_inputs(server: RunningServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        wrong = client.post("/v2/health/live")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+        infer_get = client.get("/v2/models/fast/infer")
+        assert infer_get.status_code == 405 and infer_get.headers["allow"] == "POST"
+        assert client.post("/v2/models/fast/ready").status_code == 405
+        assert client.get("/v2/repository/models/fast/load").headers["allow"] == "POST"
+        assert client.get("/v2/models/%66ast/ready").status_code == 200  # %66 is "f"
+        ghost = client.post("/v2/repository/models/ghost/unload")
+        assert ghost.status_code == 404 and "ghost" in ghost.json()["error"]
+        twice = {"inputs": [infer_body("a")["inputs"][0],  # type: ignore[index]
+                            infer_body("b")["inputs"][0]]}  # type: ignore[index]
+        repeated = client.post("/v2/models/fast/infer", json=twice)
+        assert repeated.status_code == 400
+        assert repeated.json()["error"] == "inputs[1]: input 'text' is given twice"
+
+
+def test_serve_on_a_taken_port_or_with_a_bad_limit_says_so(server: RunningServer,
+                                                             tmp_path: Path) -> None:
+    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "queryserve", "serve", "--repository",
+                               str(tmp_path), *args], capture_output=True, text=True, timeout=60)
+
+    taken = serve("--http", server.host_port)
+    assert taken.returncode == 1 and "Traceback" not in taken.stderr
+    assert (f"queryserve: error: cannot listen on {server.host_port}: " in taken.stderr
+            and "address already in use" in taken.stderr)
+    for args, said in ((("--http", "127.0.0.1:99999"), "with a port in 1-65535"),
+                       (("--max-body-bytes", "-1"), "'-1' must be >= 1"),
+                       (("--read-timeout", "inf"), "must be a finite number of seconds > 0")):
+        refused = serve(*args)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr

@@ -248,3 +248,32 @@ def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: R
     wrong = httpx.post(f"{real_server.url}/v1/spell", json={"queries": ["x"], "model": "embed"})
     assert wrong.status_code == 400
     assert "spelling and text2text models only" in wrong.json()["error"]
+
+
+def test_a_query_past_the_word_limit_is_refused_by_spell_and_searched_as_typed(
+        real_server: RunningServer) -> None:
+    """One pasted page must not hold the single-instance corrector for seconds."""
+    long_query = " ".join(["taylr swfit"] * 40)  # 80 words; the channel corrects <= 64
+    refused = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
+                         json={"queries": [long_query]})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == ("a query of 80 words is over the 64 that model 'spell' "
+                                       "corrects (parameters.max_words in its model.yaml)")
+    searched = httpx.post(f"{real_server.url}/v1/search", timeout=30,
+                          json={"query": long_query, "k": 1})
+    assert searched.status_code == 200, searched.text
+    body = searched.json()
+    assert body["searched"] == long_query and not body["changed"]
+    assert "spell" not in body["timings_ms"]
+
+
+def test_eval_and_train_on_a_folder_without_the_data_say_what_is_missing(tmp_path: Path
+                                                                         ) -> None:
+    for args in (["eval", "spell", "model_repository/spell"], ["train", "spell-channel",
+                                                              str(tmp_path / "out")]):
+        result = subprocess.run([sys.executable, "-m", "queryserve", *args, "--data",
+                                 str(tmp_path)], capture_output=True, text=True, timeout=120,
+                                cwd=ROOT)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert (f"{tmp_path} is not the repository's data folder: it lacks "
+                "billboard-hot100/hot100_songs_1997_2026.csv") in result.stderr

@@ -83,11 +83,20 @@ class BenchPlan:
 def endpoint_url(url: str, protocol: str, model: str, path: str | None) -> str:
     """The URL to load: ``path`` if given, else the URL's own path, else the protocol's route."""
     parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018  (raises on a port that is not a number in 0-65535)
+    except ValueError:
+        raise BenchError(f"{url!r} has no valid port; e.g. http://127.0.0.1:8000") from None
     if parts.scheme != "http" or not parts.hostname:
         raise BenchError(f"need an http:// URL such as http://127.0.0.1:8000, got {url!r}")
     if path is None:
         path = parts.path if parts.path not in ("", "/") else DEFAULT_PATHS[protocol]
-    return f"http://{parts.netloc}{path.format(model=model)}"
+    try:
+        route = path.format(model=model)
+    except (KeyError, IndexError, ValueError):
+        raise BenchError(f"--path {path!r}: the only placeholder it may hold is {{model}}") \
+            from None
+    return f"http://{parts.netloc}{route}"
 
 
 def machine() -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -28,7 +29,7 @@ def _number_list(cast: Callable[[str], N], what: str, example: str, *,
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{value!r} is not a list of {what}, e.g. {example}") from None
-        if not numbers or any(n <= above for n in numbers):
+        if not numbers or any(not n > above or not math.isfinite(n) for n in numbers):
             raise argparse.ArgumentTypeError(f"{value!r}: {what} must be > {above:g}")
         return numbers
 
@@ -48,7 +49,7 @@ def _phase(value: str) -> tuple[int, float, float]:
     except (ValueError, IndexError):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not USERS:SECONDS or USERS:SPAWN_PER_S:SECONDS, e.g. 8:2:30") from None
-    if users < 1 or spawn < 0 or seconds <= 0:
+    if users < 1 or not spawn >= 0 or not 0 < seconds < math.inf:
         raise argparse.ArgumentTypeError(f"{value!r}: need users >= 1, spawn >= 0, seconds > 0")
     return users, spawn, seconds
 
@@ -72,10 +73,34 @@ def _header(value: str) -> tuple[str, str]:
     return name.strip(), content.strip()
 
 
+def _number(value: str, *, above: float, allow_equal: bool = False) -> float:
+    """A finite float > `above` (>= with `allow_equal`): inf would make an endless schedule,
+    nan compares false with every bound."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not math.isfinite(number) or number < above or (number == above and not allow_equal):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be a finite number {'>=' if allow_equal else '>'} {above:g}")
+    return number
+
+
 def _positive(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
+    return _number(value, above=0)
+
+
+def _non_negative(value: str) -> float:
+    return _number(value, above=0, allow_equal=True)
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
     return number
 
 
@@ -101,7 +126,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                             "default), 'catalog' (8,788 product titles), or a file: .jsonl "
                             "(field --field) or one query per line")
     bench.add_argument("--field", default="text", help="JSON field of --queries to use")
-    bench.add_argument("--items-per-request", type=int, default=1,
+    bench.add_argument("--items-per-request", type=_count, default=1,
                        help="queries per request (default: %(default)s)")
     bench.add_argument("--input-name", default="text", help="KServe input tensor name")
     shape = bench.add_mutually_exclusive_group()
@@ -116,7 +141,8 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     shape.add_argument("--users", type=_users, help="closed-loop sweep of user counts, e.g. 1,4,16")
     bench.add_argument("--duration", type=_positive, default=None,
                        help="seconds per step (default: 3 in a search, 10 otherwise)")
-    bench.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per step")
+    bench.add_argument("--warmup", type=_non_negative, default=1.0,
+                       help="unmeasured seconds per step")
     bench.add_argument("--poisson", action="store_true", help="Poisson arrivals, not constant")
     bench.add_argument("--p99-ms", type=_positive, default=None, dest="threshold_ms",
                        help="latency bar: the search's target (default 10) and, in sweeps, a "
@@ -129,7 +155,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="the search halves the start rate down to this before giving up")
     bench.add_argument("--max-invocations-per-minute", type=_positive, default=None,
                        help="stop a sweep once this many inferences per minute are reached")
-    bench.add_argument("--stop-on-flat", type=float, default=None, metavar="RATIO",
+    bench.add_argument("--stop-on-flat", type=_positive, default=None, metavar="RATIO",
                        help="stop a sweep when throughput grows by less than RATIO (e.g. 0.05)")
     bench.add_argument("--price-per-hour", type=_positive, default=None,
                        help="what the server's machine costs per hour: adds cost per million "
@@ -137,9 +163,9 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("--header", action="append", type=_header, default=[],
                        metavar="NAME:VALUE",
                        help="extra HTTP header on every request and stats read (repeat)")
-    bench.add_argument("--connections", type=int, default=4,
+    bench.add_argument("--connections", type=_count, default=4,
                        help="connections opened up front (open loop)")
-    bench.add_argument("--max-connections", type=int, default=256,
+    bench.add_argument("--max-connections", type=_count, default=256,
                        help="most connections the open loop may open")
     bench.add_argument("--out", type=Path, default=None,
                        help="folder for results.json/.csv, report.html and plots "
@@ -197,6 +223,17 @@ def run_bench_command(args: argparse.Namespace) -> None:
         "bench-%Y%m%d-%H%M%S")
     written = write_bench_report(results, out)
     print_summary(results, [str(p) for p in written], Console())
+    answers: dict[str, int] = {}
+    for step in results["steps"]:
+        for status, count in step["by_status"].items():
+            answers[status] = answers.get(status, 0) + count
+    errors = sum(step["errors"] for step in results["steps"])
+    if (answers or errors) and not any(status.startswith("2") for status in answers):
+        # The report is written (it shows what the server said); the exit status must not
+        # pass a run in which nothing was measured.
+        said = [f"{count} x {status}" for status, count in sorted(answers.items())]
+        raise BenchError(f"no request succeeded at {plan.url} ({', '.join(said) or 'no answers'}"
+                         f"; {errors} errors): check the URL, --model and --protocol")
 
 
 def _names(value: str) -> list[str]:

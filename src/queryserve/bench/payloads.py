@@ -42,6 +42,8 @@ def read_queries(path: Path, field: str = "text", limit: int = 0) -> list[str]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise BenchError(f"queries file {path} does not exist") from None
+    except OSError as exc:  # a folder, no permission
+        raise BenchError(f"cannot read queries file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise BenchError(f"queries file {path} is not UTF-8 text: {exc.reason}") from None
     queries: list[str] = []

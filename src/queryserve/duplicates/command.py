@@ -57,7 +57,8 @@ def add_batch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                     "column (and brand, modelno, description where there are). OUTPUT: "
                     ".parquet or .csv with left_id, right_id, probability, duplicate. A run "
                     "that is killed resumes from OUTPUT.parts/ when run again.")
-    parser.add_argument("paths", type=Path, nargs="+", metavar="INPUT [INPUT2] OUTPUT")
+    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH",
+                        help="INPUT OUTPUT (one table), or INPUT INPUT2 OUTPUT (two)")
     parser.add_argument("--model", type=Path, default=defaults.model,
                         help="prepared duplicates model folder (default: %(default)s)")
     parser.add_argument("--block-k", type=int, default=defaults.block_k,

@@ -13,6 +13,7 @@ flag or folder is answered at once, in one line.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -80,9 +81,25 @@ def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
                         help="seq2seq: most tokens generated per input (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="write the closest variant even if none passes the gate")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a model in --out that was made from another folder "
+                             "(re-optimizing the same folder replaces it anyway)")
     parser.add_argument("--timing-seconds", type=float, default=2.0,
                         help="seconds per timing round (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+
+
+def _other_model_in(out: Path, source: Path) -> str | None:
+    """What `out` holds if it is a model made from another folder than `source`; None if it
+    holds no model, or one made from `source` (re-optimizing replaces it)."""
+    if not (out / "model.yaml").is_file():
+        return None
+    try:
+        report = json.loads((out / "prepare.json").read_text())
+        origin = str(report.get("source") or report["model"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "a model of unknown source"
+    return None if Path(origin).resolve() == source.resolve() else f"a model made from {origin}"
 
 
 def run_optimize_command(args: argparse.Namespace) -> None:
@@ -102,6 +119,9 @@ def run_optimize_command(args: argparse.Namespace) -> None:
         raise ExportError(f"--out {out} is a file; it must be a model folder to write")
     if out.resolve() == source.path.resolve():
         raise ExportError("--out must not be the source folder itself")
+    if not args.overwrite and (other := _other_model_in(out, source.path)):
+        raise ExportError(f"--out {out} already holds {other}; choose another folder, or "
+                          f"pass --overwrite to replace it")
     parity = read_items(args.parity, source.task, PARITY_ITEMS, "parity") if args.parity else \
         default_items(source.task, "parity", PARITY_ITEMS)
     if args.timing_seconds <= 0:

@@ -7,10 +7,15 @@ so it needs no locks.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from queryserve.errors import QueryServeError
 
 # Seconds; fine at the low end where a CPU query model lives (100 us .. 10 s).
 LATENCY_BUCKETS_S: tuple[float, ...] = (
@@ -140,3 +145,22 @@ class ModelStats:
                 for size, d in sorted(self.by_batch_size.items())
             ],
         }
+
+
+@contextmanager
+def request_recorded(stats: ModelStats) -> Iterator[None]:
+    """Count one request of a model under its outcome and time it, whatever happens inside:
+    a client's request, or a step of the search pipeline (as Triton counts an ensemble's
+    steps on their own models)."""
+    started = time.perf_counter()
+    outcome = "success"
+    try:
+        yield
+    except QueryServeError as exc:
+        outcome = exc.outcome
+        raise
+    except asyncio.CancelledError:
+        outcome = "cancelled"  # the client went away
+        raise
+    finally:
+        stats.record_request(outcome, time.perf_counter() - started)

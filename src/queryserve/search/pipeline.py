@@ -19,9 +19,10 @@ import yaml
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import ConfigError, InvalidInput
 from queryserve.repository import ModelRepository
+from queryserve.scheduling.stats import request_recorded
 from queryserve.search.catalog import CATALOGS
 from queryserve.search.index import CatalogIndex, load_index
-from queryserve.spell.corrector import corrections
+from queryserve.spell.corrector import corrections, normalized
 
 FILE = "pipeline.yaml"
 MAX_K = 100
@@ -85,6 +86,10 @@ class Searcher:
         """The served models the pipeline runs, in order (Triton's ensemble steps)."""
         return [m for m in (self.config.spell, self.config.embed, self.config.intent) if m]
 
+    def ready(self) -> bool:
+        """Every step is loaded (one unloaded step fails every search)."""
+        return all(step in self.repository.models for step in self.steps())
+
     def load(self) -> None:
         """Every catalog's index into memory (vectors and HNSW graph: about 80 MB)."""
         for catalog in CATALOGS:
@@ -109,8 +114,13 @@ class Searcher:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         corrected, changed, score = query, False, 1.0
-        if self.config.spell and spell:
-            rows = await self.repository.get(self.config.spell).pipeline.infer([query])
+        speller = self.repository.get(self.config.spell) if self.config.spell else None
+        # A query longer than the corrector takes is searched as typed, not refused.
+        words = len(normalized(query).split())
+        if speller is not None and spell and words <= getattr(speller.pipeline, "max_words",
+                                                              words):
+            with request_recorded(speller.stats):
+                rows = await speller.pipeline.infer([query])
             fixed = corrections([query], rows.output[:, 0], rows.extra.get("score"))[0]
             corrected, changed, score = fixed.corrected, fixed.changed, fixed.score
             timings["spell"] = _ms(started)
@@ -118,7 +128,9 @@ class Searcher:
         intent = (asyncio.ensure_future(self._intent(searched))
                   if self.config.intent else None)
         at = time.perf_counter()
-        vector = (await self.repository.get(self.config.embed).pipeline.infer([searched]))
+        embed = self.repository.get(self.config.embed)
+        with request_recorded(embed.stats):
+            vector = await embed.pipeline.infer([searched])
         timings["embed"] = _ms(at)
         at = time.perf_counter()
         found = self.index(catalog).search(vector.output[0], k)
@@ -138,7 +150,8 @@ class Searcher:
         started = time.perf_counter()
         assert self.config.intent is not None
         model = self.repository.get(self.config.intent)
-        rows = await model.pipeline.infer([text])
+        with request_recorded(model.stats):
+            rows = await model.pipeline.infer([text])
         probabilities = rows.output[0]
         best = int(probabilities.argmax())
         names = model.config.labels(len(probabilities))

@@ -11,9 +11,7 @@ import asyncio
 import base64
 import logging
 import re
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +32,18 @@ from queryserve.errors import (
 from queryserve.pipelines.base import decode_texts
 from queryserve.pipelines.pair_scoring import PairScoring
 from queryserve.repository import VERSION, Model, ModelRepository
+from queryserve.scheduling.stats import request_recorded
 from queryserve.search.pipeline import FILE as SEARCH_FILE
 from queryserve.search.pipeline import MODEL as SEARCH_MODEL
 from queryserve.search.pipeline import SearchConfig, Searcher
 from queryserve.server import kserve
-from queryserve.server.http import Request, Response, json_error
+from queryserve.server.http import (
+    IDLE_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    Request,
+    Response,
+    json_error,
+)
 from queryserve.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from queryserve.server.metrics import render_metrics
 from queryserve.spell.corrector import corrections
@@ -57,24 +62,12 @@ _REPOSITORY_ROUTE = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<act
 class Limits:
     max_body_bytes: int = 8 * 1024 * 1024
     max_items: int = 1024
-    """Items (texts) in one request, across inputs."""
-
-
-@contextmanager
-def _outcome_recorded(model: Model) -> Iterator[None]:
-    """Count the request under its outcome and time it, whatever happens inside."""
-    started = time.perf_counter()
-    outcome = "success"
-    try:
-        yield
-    except QueryServeError as exc:
-        outcome = exc.outcome
-        raise
-    except asyncio.CancelledError:
-        outcome = "cancelled"  # the client went away
-        raise
-    finally:
-        model.stats.record_request(outcome, time.perf_counter() - started)
+    """Items in one request: the rows of its batch (a text, or a pair of texts for a pair
+    model), as Triton's batch dimension counts them."""
+    read_timeout_s: float = READ_TIMEOUT_S
+    """How long a client may go silent in the middle of a request before a 408."""
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    """How long a keep-alive connection may sit idle between requests."""
 
 
 STATIC = Path(__file__).parent / "static"
@@ -131,6 +124,8 @@ class ServerApp:
             response = json_error(exc.http_status, exc.message)
             if isinstance(exc, Overloaded):
                 response.headers.append(("retry-after", str(exc.retry_after_s)))
+            elif isinstance(exc, MethodNotAllowed):
+                response.headers.append(("allow", exc.allow))
             return response
         except Exception:
             log.exception("error answering %s %s", request.method, request.path)
@@ -144,10 +139,13 @@ class ServerApp:
         if match := _MODEL_ROUTE.match(path):
             return await self.model_route(request, match["model"], match["version"],
                                           match["action"])
-        if (match := _REPOSITORY_ROUTE.match(path)) and request.method == "POST":
+        if match := _REPOSITORY_ROUTE.match(path):
+            if request.method != "POST":
+                raise MethodNotAllowed(f"use POST on {path}", "POST")
             return await self.repository_action(match["model"], match["action"])
-        if any(path in routes for routes in self.routes.values()):
-            raise MethodNotAllowed(f"{request.method} is not allowed on {path}")
+        if allowed := [method for method, routes in self.routes.items() if path in routes]:
+            raise MethodNotAllowed(f"{request.method} is not allowed on {path}",
+                                   ", ".join(allowed))
         raise NotFound(f"no route {request.method} {path}")
 
     # -- server -------------------------------------------------------------------------------
@@ -188,6 +186,8 @@ class ServerApp:
         if action == "load":
             await loop.run_in_executor(None, self.repository.load, name)
         else:
+            if name not in self.repository.names() and name not in self.repository.models:
+                raise NotFound(f"model '{name}' is not in the repository")
             self.repository.unload(name)
         return Response(200)
 
@@ -198,15 +198,17 @@ class ServerApp:
         if name == SEARCH_MODEL and name not in self.repository.names():
             return await self.search_model_route(request, version, action)
         if action == "ready":
+            if request.method != "GET":
+                raise MethodNotAllowed(f"use GET on {request.path}", "GET")
             ready = name in self.repository.models and version in (None, VERSION)
             return Response(200 if ready else 400 if name in self.repository.names() else 404)
         model = self.repository.get(name, version)
         if action == "infer":
             if request.method != "POST":
-                raise MethodNotAllowed(f"use POST to infer with model '{name}'")
+                raise MethodNotAllowed(f"use POST to infer with model '{name}'", "POST")
             return await self.infer(request, model)
         if request.method != "GET":
-            raise MethodNotAllowed(f"use GET on {request.path}")
+            raise MethodNotAllowed(f"use GET on {request.path}", "GET")
         if action == "config":
             return _json(triton_config(model.config, model.threads))
         if action == "stats":
@@ -214,7 +216,7 @@ class ServerApp:
         return _json(model_metadata(model.config))
 
     async def infer(self, request: Request, model: Model) -> Response:
-        with _outcome_recorded(model):
+        with request_recorded(model.stats):
             parsed = kserve.decode_infer_request(request.body, request.headers, model.config)
             texts, pairs = self._texts(parsed.inputs, model)
             result = await model.pipeline.infer(texts, parsed.timeout_s, pairs)
@@ -231,13 +233,17 @@ class ServerApp:
             raise NotFound(f"model '{SEARCH_MODEL}' has no version '{version}'; it has version "
                            f"{VERSION}")
         if action == "ready":
-            return Response(200 if self.searcher is not None else 400)
+            if request.method != "GET":
+                raise MethodNotAllowed(f"use GET on {request.path}", "GET")
+            return Response(200 if self.searcher is not None and self.searcher.ready()
+                            else 400)
         if self.searcher is None:
             raise self.search_error
         config = self.searcher.model_config
         if action == "infer":
             if request.method != "POST":
-                raise MethodNotAllowed(f"use POST to infer with model '{SEARCH_MODEL}'")
+                raise MethodNotAllowed(f"use POST to infer with model '{SEARCH_MODEL}'",
+                                       "POST")
             parsed = kserve.decode_infer_request(request.body, request.headers, config)
             queries = decode_texts(self._items(parsed.inputs["query"]), "input 'query'")
             answers = await asyncio.gather(*(self.searcher.search(q) for q in queries))
@@ -247,7 +253,7 @@ class ServerApp:
                 "results": _column([orjson.dumps(a["results"]).decode() for a in answers])})
             return _infer_response(body, header_length)
         if request.method != "GET":
-            raise MethodNotAllowed(f"use GET on {request.path}")
+            raise MethodNotAllowed(f"use GET on {request.path}", "GET")
         if action == "config":
             return _json({"name": SEARCH_MODEL, "platform": "ensemble",
                           "max_batch_size": config.max_batch_size,
@@ -296,7 +302,7 @@ class ServerApp:
         model = self._model_for(body.get("model"), ("text_embedding",), "/v1/embeddings",
                                "embed")
         name = model.name
-        with _outcome_recorded(model):
+        with request_recorded(model.stats):
             raw = body.get("input")
             if not raw or not isinstance(raw, str | list):
                 raise InvalidInput("'input' must be a non-empty string or list of strings")
@@ -328,7 +334,7 @@ class ServerApp:
                                'strings, e.g. {"queries": ["taylor swfit"]}')
         model = self._model_for(body.get("model", "spell"), ("spelling", "text2text"), "/v1/spell",
                                "spell")
-        with _outcome_recorded(model):
+        with request_recorded(model.stats):
             queries = decode_texts(self._items(body["queries"]), "queries")
             if not queries:
                 raise InvalidInput("'queries' is empty; send at least one query")
@@ -385,7 +391,7 @@ class ServerApp:
             raise InvalidInput(f"'top_k' must be a positive integer, got {top_k!r}")
         model = self._model_for(body.get("model", "intent"), ("text_classification",),
                                 "/v1/intent", "intent")
-        with _outcome_recorded(model):
+        with request_recorded(model.stats):
             queries = decode_texts(self._items(body["queries"]), "queries")
             if not queries:
                 raise InvalidInput("'queries' is empty; send at least one query")
@@ -415,7 +421,7 @@ class ServerApp:
         if not isinstance(threshold, int | float) or isinstance(threshold, bool) \
                 or not 0 <= threshold <= 1:
             raise InvalidInput(f"'threshold' must be a number from 0 to 1, got {threshold!r}")
-        with _outcome_recorded(model):
+        with request_recorded(model.stats):
             pairs = self._items(body["pairs"])
             if not pairs:
                 raise InvalidInput(f"'pairs' is empty; send at least one pair, {example}")

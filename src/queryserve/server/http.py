@@ -5,7 +5,9 @@ per-request Python counts on a 2-core machine; and a connection that drops must 
 request's futures so the batcher drops them before the model runs (`connection_lost` does that
 here at no per-request cost). Keep-alive, pipelining (answered in order), `Expect: 100-continue`
 and a body-size limit are handled; anything else a client does wrong gets a 4xx and the
-connection is closed.
+connection is closed. A request that stops arriving half-way gets a 408 once the client has
+been silent for the read timeout (checked that often); a connection idle between requests is
+closed after the idle timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import unquote
 
 import httptools
 import orjson
@@ -25,6 +28,8 @@ log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PIPELINED = 32  # requests parsed ahead of the one being answered before reading pauses
+READ_TIMEOUT_S = 30.0  # a request begun may pause this long before it is refused (408)
+IDLE_TIMEOUT_S = 300.0  # a keep-alive connection with nothing to do is closed after this
 
 
 @dataclass(slots=True)
@@ -56,9 +61,13 @@ def json_error(status: int, message: str) -> Response:
 class HttpConnection(asyncio.Protocol):
     """One client connection: parse requests, answer them in order."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+    def __init__(self, handler: Handler, max_body_bytes: int,
+                 read_timeout_s: float = READ_TIMEOUT_S,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.pending: deque[tuple[Request, bool]] = deque()
@@ -66,6 +75,11 @@ class HttpConnection(asyncio.Protocol):
         self.current: asyncio.Task[Response] | None = None
         self.paused = False
         self.fatal: Response | None = None  # an error to send once the current answer is out
+        self.closing = False  # close once the requests read so far are answered
+        self.in_message = False  # a request is partly read
+        self.last_read = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.loop = asyncio.get_running_loop()  # the factory runs on the server's loop
         self._reset()
 
     def _reset(self) -> None:
@@ -79,11 +93,17 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self.last_read = self.loop.time()
+        # One timer per connection that re-arms itself, rather than one per read: the hot path
+        # pays a clock read per chunk, not a timer.
+        self.timer = self.loop.call_later(self.read_timeout_s, self._check_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # The client has gone: cancelling its request cancels the futures it waits on, and
         # the batcher drops cancelled items before they reach the model.
         self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
         if self.current is not None:
             self.current.cancel()
         self.pending.clear()
@@ -91,16 +111,23 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.rejected:
             return  # the connection is closing after an error: read nothing more
+        self.last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
+            if self.current is not None or self.pending:
+                # The request asking to upgrade is read: answer it as plain HTTP (a server
+                # may ignore Upgrade), read nothing after it, then close.
+                self.rejected = self.closing = True
+            else:
+                self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
             self._fail(400, f"malformed HTTP request: {exc}")
 
     # -- httptools callbacks ------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.in_message = True
         self._reset()
 
     def on_url(self, url: bytes) -> None:
@@ -130,12 +157,14 @@ class HttpConnection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_message = False
         if self.rejected:
             return
         parsed = httptools.parse_url(self.url)
+        path = parsed.path.decode("utf-8", "replace")
         request = Request(
             method=self.parser.get_method().decode("ascii"),
-            path=parsed.path.decode("utf-8", "replace"),
+            path=unquote(path) if "%" in path else path,
             query=(parsed.query or b"").decode("utf-8", "replace"),
             headers=self.headers,
             body=b"".join(self.body),
@@ -169,6 +198,8 @@ class HttpConnection(asyncio.Protocol):
         if self.fatal is not None and not self.pending:
             self._write(self.fatal, keep_alive=False)
             keep_alive = False
+        elif self.closing and not self.pending:
+            keep_alive = False
         if not keep_alive:
             self._close()
             return
@@ -177,6 +208,21 @@ class HttpConnection(asyncio.Protocol):
             self.paused = False
         if self.pending:
             self._start_next()
+
+    def _check_timeout(self) -> None:
+        if self.transport is None:
+            return
+        limit = self.read_timeout_s if self.in_message else self.idle_timeout_s
+        quiet = self.loop.time() - self.last_read
+        if quiet < limit or self.current is not None:  # a slow model is not a slow client
+            # Never later than the read timeout: a request may begin on an idle connection.
+            self.timer = self.loop.call_later(min(max(limit - quiet, 0.1), self.read_timeout_s),
+                                              self._check_timeout)
+        elif self.in_message:
+            self._fail(408, f"the client sent nothing for {self.read_timeout_s:g} s in the "
+                            f"middle of a request")
+        else:
+            self._close()
 
     def _write(self, response: Response, keep_alive: bool) -> None:
         assert self.transport is not None
@@ -205,9 +251,11 @@ class HttpConnection(asyncio.Protocol):
             self.transport = None
 
 
-async def start_http_server(handler: Handler, host: str, port: int,
-                            max_body_bytes: int) -> asyncio.Server:
+async def start_http_server(handler: Handler, host: str, port: int, max_body_bytes: int,
+                            read_timeout_s: float = READ_TIMEOUT_S,
+                            idle_timeout_s: float = IDLE_TIMEOUT_S) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: HttpConnection(handler, max_body_bytes), host, port,
+        lambda: HttpConnection(handler, max_body_bytes, read_timeout_s, idle_timeout_s),
+        host, port,
         reuse_address=True, backlog=2048)

@@ -58,6 +58,8 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
     offset = 0
     for i, raw in enumerate(raw_inputs):
         tensor, offset = _decode_input(raw, i, specs, config, binary, offset)
+        if tensor[0] in inputs:
+            raise InvalidInput(f"inputs[{i}]: input '{tensor[0]}' is given twice")
         inputs[tensor[0]] = tensor[1]
     missing = sorted(set(specs) - set(inputs))
     if missing:

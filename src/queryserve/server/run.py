@@ -11,6 +11,7 @@ from pathlib import Path
 
 import uvloop
 
+from queryserve.errors import ServeError
 from queryserve.repository import ModelRepository
 from queryserve.server.app import Limits, ServerApp
 from queryserve.server.http import start_http_server
@@ -35,8 +36,14 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     if options.cores is not None:
         repository.cores = options.cores
     app = ServerApp(repository, options.limits)
-    server = await start_http_server(app, options.host, options.port,
-                                     options.limits.max_body_bytes)
+    try:
+        limits = options.limits
+        server = await start_http_server(app, options.host, options.port, limits.max_body_bytes,
+                                         limits.read_timeout_s, limits.idle_timeout_s)
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        repository.close()
+        raise ServeError(f"cannot listen on {options.host}:{options.port}: "
+                         f"{exc.strerror or exc}") from None
     log.info("listening on http://%s:%d (loading models from %s)", options.host, options.port,
              options.repository)
     stop = asyncio.Event()
@@ -51,7 +58,12 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     gc.collect()
     gc.freeze()
     app.loading = False
-    log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
+    if repository.errors:  # /v2/health/ready answers 503 until they load
+        log.warning("not ready: %s failed to load; serving %s",
+                    ", ".join(sorted(repository.errors)),
+                    ", ".join(sorted(repository.models)) or "no models")
+    else:
+        log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
     if started is not None:
         started.set()
     await stop.wait()

@@ -7,13 +7,34 @@ import argparse
 import json
 from pathlib import Path
 
-from queryserve.spell.data import DATA
+from queryserve.spell.data import DATA, check_data
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
+    return number
+
+
+def _score(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a score is a probability, from 0 to 1")
+    return number
 
 
 def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`queryserve train spell` and `queryserve train spell-channel`."""
     spell = tasks.add_parser(
-        "spell", help="train the query spelling corrector (a small character-in T5)")
+        "spell", help="train the seq2seq query spelling corrector (a small character-level "
+                      "BART or T5)")
     spell.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
                                               "layout) and its checkpoint")
     spell.add_argument("--minutes", type=float, default=55.0,
@@ -58,12 +79,12 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
                             "spell-channel` output, e.g. model_repository/spell) or a seq2seq "
                             "model (`queryserve optimize --task seq2seq` output, e.g. "
                             "model_repository/spell-seq2seq)")
-    spell.add_argument("--size", type=int, default=1000,
+    spell.add_argument("--size", type=_count, default=1000,
                        help="queries and words per set (default: %(default)s)")
     spell.add_argument("--seed", type=int, default=0)
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
-    spell.add_argument("--min-score", type=float, action="append", default=None,
+    spell.add_argument("--min-score", type=_score, action="append", default=None,
                        help="also score each model as an auto-correct that changes a query "
                             "only at this score or above (repeatable; default: 0.9)")
     spell.add_argument("--json", type=Path, help="also write the scores here")
@@ -82,6 +103,7 @@ def run_eval_command(args: argparse.Namespace) -> None:
     from queryserve.spell.evaluate import EvalSets, print_table, score
     from queryserve.spell.symspell import SymSpell
 
+    check_data(args.data)
     correctors = [open_corrector(folder) for folder in args.models]
     sets = EvalSets.build(args.data, args.size, args.seed)
     catalog, misspellings = load_catalog(args.data), load_misspellings(args.data)
@@ -95,6 +117,7 @@ def run_eval_command(args: argparse.Namespace) -> None:
 
 
 def run_spell_train_command(args: argparse.Namespace) -> None:
+    check_data(args.data)
     if args.task == "spell-channel":
         from queryserve.spell.channel import build_channel_model
 

@@ -27,7 +27,28 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA = Path("data")
+from queryserve.errors import QueryServeError
+
+_SOURCE_DATA = Path(__file__).resolve().parents[3] / "data"
+DATA = _SOURCE_DATA if _SOURCE_DATA.is_dir() else Path("data")
+"""The repository's data folder, found from this file (an editable install, as `make setup`
+makes) so the commands work from any directory; else `data` in the working directory."""
+NEEDED = ("billboard-hot100/hot100_songs_1997_2026.csv", "catalog-titles/titles.txt",
+          "english-words/words.txt", "massive-en/train.jsonl", "massive-en/test.jsonl",
+          "spelling-errors/spell_errors.json")
+
+
+class SpellDataError(QueryServeError):
+    """The data folder lacks a file the spelling recipes read."""
+
+
+def check_data(data: Path) -> Path:
+    """`data` if it holds every file the spelling recipes read, else a one-line error."""
+    missing = [name for name in NEEDED if not (data / name).is_file()]
+    if missing:
+        raise SpellDataError(f"{data} is not the repository's data folder: it lacks "
+                             f"{', '.join(missing)}")
+    return data
 HELD_OUT_ITEMS = 0.05
 HELD_OUT_WORDS = 0.20
 MAX_QUERY_CHARS = 64
