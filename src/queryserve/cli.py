@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from pathlib import Path
 
+from queryserve.arguments import count, positive
 from queryserve.bench.command import (
     add_bench_parser,
     add_recommend_parser,
@@ -42,26 +42,6 @@ def _address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _at_least_one(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
-    return number
-
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not 0 < number < math.inf:
-        raise argparse.ArgumentTypeError(f"{value!r} must be a finite number of seconds > 0")
-    return number
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="queryserve", description="Serve Transformer models for search, fast, on CPU.")
@@ -75,18 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model repository folder (default: %(default)s)")
     serve.add_argument("--http", type=_address, default=("127.0.0.1", 8000),
                        metavar="HOST:PORT", help="HTTP address (default: 127.0.0.1:8000)")
-    serve.add_argument("--cores", type=_at_least_one, default=None,
+    serve.add_argument("--cores", type=count, default=None,
                        help="cores the model instances share (default: all this process may "
                             "use); intra-op threads per instance = cores // instances")
-    serve.add_argument("--max-body-bytes", type=_at_least_one, default=8 * 1024 * 1024,
+    serve.add_argument("--max-body-bytes", type=count, default=8 * 1024 * 1024,
                        help="largest request body accepted (default: %(default)s)")
-    serve.add_argument("--max-items", type=_at_least_one, default=1024,
+    serve.add_argument("--max-items", type=count, default=1024,
                        help="most items (texts, or pairs of texts) in one request "
                             "(default: %(default)s)")
-    serve.add_argument("--read-timeout", type=_seconds, default=READ_TIMEOUT_S, metavar="S",
+    serve.add_argument("--read-timeout", type=positive, default=READ_TIMEOUT_S, metavar="S",
                        help="a client silent this long in the middle of a request gets a 408 "
                             "(default: %(default)g)")
-    serve.add_argument("--idle-timeout", type=_seconds, default=IDLE_TIMEOUT_S, metavar="S",
+    serve.add_argument("--idle-timeout", type=positive, default=IDLE_TIMEOUT_S, metavar="S",
                        help="a keep-alive connection idle this long is closed "
                             "(default: %(default)g)")
 

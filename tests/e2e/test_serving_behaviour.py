@@ -250,6 +250,6 @@ def test_serve_on_a_taken_port_or_with_a_bad_limit_says_so(server: RunningServer
             and "address already in use" in taken.stderr)
     for args, said in ((("--http", "127.0.0.1:99999"), "with a port in 1-65535"),
                        (("--max-body-bytes", "-1"), "'-1' must be >= 1"),
-                       (("--read-timeout", "inf"), "must be a finite number of seconds > 0")):
+                       (("--read-timeout", "inf"), "'inf' must be a finite number > 0")):
         refused = serve(*args)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr

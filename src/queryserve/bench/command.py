@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from queryserve.arguments import count, non_negative, positive
 from queryserve.bench.payloads import PROTOCOLS
 from queryserve.config import MAX_BATCH_OVERHEAD_TOKENS
 
@@ -73,37 +74,6 @@ def _header(value: str) -> tuple[str, str]:
     return name.strip(), content.strip()
 
 
-def _number(value: str, *, above: float, allow_equal: bool = False) -> float:
-    """A finite float > `above` (>= with `allow_equal`): inf would make an endless schedule,
-    nan compares false with every bound."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not math.isfinite(number) or number < above or (number == above and not allow_equal):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} must be a finite number {'>=' if allow_equal else '>'} {above:g}")
-    return number
-
-
-def _positive(value: str) -> float:
-    return _number(value, above=0)
-
-
-def _non_negative(value: str) -> float:
-    return _number(value, above=0, allow_equal=True)
-
-
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
-    return number
-
-
 def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = commands.add_parser(
         "bench", help="load a server with real queries: latency percentiles, max rate, cost",
@@ -126,11 +96,11 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                             "default), 'catalog' (8,788 product titles), or a file: .jsonl "
                             "(field --field) or one query per line")
     bench.add_argument("--field", default="text", help="JSON field of --queries to use")
-    bench.add_argument("--items-per-request", type=_count, default=1,
+    bench.add_argument("--items-per-request", type=count, default=1,
                        help="queries per request (default: %(default)s)")
     bench.add_argument("--input-name", default="text", help="KServe input tensor name")
     shape = bench.add_mutually_exclusive_group()
-    shape.add_argument("--rate", type=_positive, help="one open-loop step at this rate (req/s)")
+    shape.add_argument("--rate", type=positive, help="one open-loop step at this rate (req/s)")
     shape.add_argument("--rates", type=_rates, help="open-loop sweep, e.g. 100,200,400,800")
     shape.add_argument("--find-max", action="store_true",
                        help="search the highest rate whose --percentile stays <= --p99-ms "
@@ -139,33 +109,33 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="closed-loop phase USERS[:SPAWN_PER_S]:SECONDS; repeat for "
                             "several phases in a row")
     shape.add_argument("--users", type=_users, help="closed-loop sweep of user counts, e.g. 1,4,16")
-    bench.add_argument("--duration", type=_positive, default=None,
+    bench.add_argument("--duration", type=positive, default=None,
                        help="seconds per step (default: 3 in a search, 10 otherwise)")
-    bench.add_argument("--warmup", type=_non_negative, default=1.0,
+    bench.add_argument("--warmup", type=non_negative, default=1.0,
                        help="unmeasured seconds per step")
     bench.add_argument("--poisson", action="store_true", help="Poisson arrivals, not constant")
-    bench.add_argument("--p99-ms", type=_positive, default=None, dest="threshold_ms",
+    bench.add_argument("--p99-ms", type=positive, default=None, dest="threshold_ms",
                        help="latency bar: the search's target (default 10) and, in sweeps, a "
                             "stop condition")
     bench.add_argument("--percentile", choices=["p50", "p90", "p95", "p99", "p99.9"],
                        default="p99", help="which percentile --p99-ms bounds")
-    bench.add_argument("--start-rate", type=_positive, default=50.0)
-    bench.add_argument("--max-rate", type=_positive, default=20_000.0)
-    bench.add_argument("--min-rate", type=_positive, default=5.0,
+    bench.add_argument("--start-rate", type=positive, default=50.0)
+    bench.add_argument("--max-rate", type=positive, default=20_000.0)
+    bench.add_argument("--min-rate", type=positive, default=5.0,
                        help="the search halves the start rate down to this before giving up")
-    bench.add_argument("--max-invocations-per-minute", type=_positive, default=None,
+    bench.add_argument("--max-invocations-per-minute", type=positive, default=None,
                        help="stop a sweep once this many inferences per minute are reached")
-    bench.add_argument("--stop-on-flat", type=_positive, default=None, metavar="RATIO",
+    bench.add_argument("--stop-on-flat", type=positive, default=None, metavar="RATIO",
                        help="stop a sweep when throughput grows by less than RATIO (e.g. 0.05)")
-    bench.add_argument("--price-per-hour", type=_positive, default=None,
+    bench.add_argument("--price-per-hour", type=positive, default=None,
                        help="what the server's machine costs per hour: adds cost per million "
                             "inferences")
     bench.add_argument("--header", action="append", type=_header, default=[],
                        metavar="NAME:VALUE",
                        help="extra HTTP header on every request and stats read (repeat)")
-    bench.add_argument("--connections", type=_count, default=4,
+    bench.add_argument("--connections", type=count, default=4,
                        help="connections opened up front (open loop)")
-    bench.add_argument("--max-connections", type=_count, default=256,
+    bench.add_argument("--max-connections", type=count, default=256,
                        help="most connections the open loop may open")
     bench.add_argument("--out", type=Path, default=None,
                        help="folder for results.json/.csv, report.html and plots "
@@ -225,13 +195,13 @@ def run_bench_command(args: argparse.Namespace) -> None:
     print_summary(results, [str(p) for p in written], Console())
     answers: dict[str, int] = {}
     for step in results["steps"]:
-        for status, count in step["by_status"].items():
-            answers[status] = answers.get(status, 0) + count
+        for status, times in step["by_status"].items():
+            answers[status] = answers.get(status, 0) + times
     errors = sum(step["errors"] for step in results["steps"])
     if (answers or errors) and not any(status.startswith("2") for status in answers):
         # The report is written (it shows what the server said); the exit status must not
         # pass a run in which nothing was measured.
-        said = [f"{count} x {status}" for status, count in sorted(answers.items())]
+        said = [f"{times} x {status}" for status, times in sorted(answers.items())]
         raise BenchError(f"no request succeeded at {plan.url} ({', '.join(said) or 'no answers'}"
                          f"; {errors} errors): check the URL, --model and --protocol")
 
@@ -287,13 +257,13 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
     rec.add_argument("--model", default="embed", help="model name (default: %(default)s)")
     rec.add_argument("--repository", type=Path, default=Path("model_repository"),
                      help="model repository (default: %(default)s)")
-    rec.add_argument("--p99-ms", type=_positive, default=10.0, dest="threshold_ms",
+    rec.add_argument("--p99-ms", type=positive, default=10.0, dest="threshold_ms",
                      help="latency bar (default: %(default)s)")
     rec.add_argument("--percentile", choices=["p50", "p90", "p95", "p99", "p99.9"],
                      default="p99", help="which percentile --p99-ms bounds")
     rec.add_argument("--objective", choices=["throughput", "cost"], default="throughput",
                      help="most req/s, or least cost per inference (needs --price-per-hour)")
-    rec.add_argument("--price-per-hour", type=_positive, default=None,
+    rec.add_argument("--price-per-hour", type=positive, default=None,
                      help="the machine's price per hour; a point using fewer cores is charged "
                           "its share")
     rec.add_argument("--grid", choices=["staged", "full"], default="staged",
@@ -317,11 +287,11 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
     rec.add_argument("--queries", type=_queries, default=QUERY_SETS["massive"],
                      help="'massive' (default), 'catalog' or a file, as for bench")
     rec.add_argument("--field", default="text", help="JSON field of --queries to use")
-    rec.add_argument("--step-duration", type=_positive, default=2.0,
+    rec.add_argument("--step-duration", type=positive, default=2.0,
                      help="seconds per search run (default: %(default)s)")
-    rec.add_argument("--start-rate", type=_positive, default=100.0,
+    rec.add_argument("--start-rate", type=positive, default=100.0,
                      help="the search's first rate, req/s (default: %(default)s)")
-    rec.add_argument("--max-rate", type=_positive, default=20_000.0,
+    rec.add_argument("--max-rate", type=positive, default=20_000.0,
                      help="the search never offers more, req/s (default: %(default)s)")
     rec.add_argument("--out", type=Path, default=Path("bench-out/recommend"),
                      help="results, plots, state for resuming, the winning model.yaml "

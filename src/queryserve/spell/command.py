@@ -7,27 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from queryserve.arguments import count, probability
 from queryserve.spell.data import DATA, check_data
-
-
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be >= 1")
-    return number
-
-
-def _score(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not 0 <= number <= 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: a score is a probability, from 0 to 1")
-    return number
 
 
 def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,12 +60,12 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
                             "spell-channel` output, e.g. model_repository/spell) or a seq2seq "
                             "model (`queryserve optimize --task seq2seq` output, e.g. "
                             "model_repository/spell-seq2seq)")
-    spell.add_argument("--size", type=_count, default=1000,
+    spell.add_argument("--size", type=count, default=1000,
                        help="queries and words per set (default: %(default)s)")
     spell.add_argument("--seed", type=int, default=0)
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
-    spell.add_argument("--min-score", type=_score, action="append", default=None,
+    spell.add_argument("--min-score", type=probability, action="append", default=None,
                        help="also score each model as an auto-correct that changes a query "
                             "only at this score or above (repeatable; default: 0.9)")
     spell.add_argument("--json", type=Path, help="also write the scores here")
