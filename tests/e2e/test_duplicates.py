@@ -28,7 +28,7 @@ from queryserve import cli
 from queryserve.duplicates.features import FEATURES, features_array
 from queryserve.duplicates.head import PairHead
 from queryserve.duplicates.tables import read_pairs
-from tests.conftest import REPOSITORY, ROOT, RunningServer, start_server, stop_server
+from tests.conftest import REPOSITORY, ROOT, RunningServer, free_port, start_server, stop_server
 
 SPLITS = ROOT / "data/product-matching"
 RECALL, PRECISION = 0.5, 0.5  # the committed model's, on a slice of Walmart-Amazon
@@ -291,7 +291,12 @@ def test_csv_output_and_bad_tables(whole_run: Path, tables: tuple[Path, Path],
     assert any(float(str(p)) < 0.9 and d for *_, p, d in _rows(whole_run))  # the model: yes
     bad = tmp_path / "bad.csv"
     bad.write_text("id,colour\n1,red\n")
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
     for args, words in [((bad, tmp_path / "o.csv"), "has no title column"),
+                        ((binary, tmp_path / "o.csv"), "does not read as a text table"),
+                        ((tables[0], tmp_path / "o.csv", "--engine", "ray", "--ray-address",
+                          f"127.0.0.1:{free_port()}"), "cannot reach the Ray cluster"),
                         ((tmp_path / "none.csv", tmp_path / "o.csv"), "does not exist"),
                         ((tables[0], tmp_path / "o.xlsx"), "must be .parquet or .csv"),
                         ((tables[0], tmp_path / "o.csv", "--threshold", "1.5"),

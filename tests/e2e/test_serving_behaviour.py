@@ -224,6 +224,10 @@ def test_http_details_methods_encoded_paths_and_repeated_inputs(server: RunningS
     with httpx.Client(base_url=server.url, timeout=30) as client:
         wrong = client.post("/v2/health/live")
         assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+        head = client.head("/v2/models/fast")  # as GET, headers only
+        assert head.status_code == 200 and head.content == b""
+        assert int(head.headers["content-length"]) == len(client.get("/v2/models/fast").content)
+        assert client.head("/v2/health/ready").status_code == 200
         infer_get = client.get("/v2/models/fast/infer")
         assert infer_get.status_code == 405 and infer_get.headers["allow"] == "POST"
         assert client.post("/v2/models/fast/ready").status_code == 405

@@ -11,11 +11,28 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from queryserve.duplicates.batch import Job, score_part
+from queryserve.duplicates.products import DuplicatesError
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_reachable(address: str) -> None:
+    """Fail in seconds on a HOST:PORT nobody listens on: Ray's own client retries for minutes
+    before it gives up. Other address forms ("auto", ray://) go to Ray as they are."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise DuplicatesError(f"cannot reach the Ray cluster at {address}: "
+                              f"{exc.strerror or exc}") from None
 
 
 def _score(row: dict[str, Any], job: Job) -> dict[str, Any]:
@@ -34,6 +51,7 @@ def score_parts(job: Job, todo: list[int], address: str | None,
                      _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
                      log_to_driver=False, configure_logging=False)
         else:
+            check_reachable(address)
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # its per-run INFO and WARNING lines
     ray.data.DataContext.get_current().enable_progress_bars = False  # ours is on screen

@@ -65,8 +65,12 @@ def read_products(path: Path) -> Products:
         raise DuplicatesError(f"{path} holds no products")
     columns = {str(k).lower().strip() for k in rows[0]}
     if not columns & set(TITLE_COLUMNS):
+        if any("\ufffd" in name or not name.isprintable() for name in columns):
+            raise DuplicatesError(f"{path} does not read as a text table (its first line is not "
+                                  f"UTF-8 text): expected CSV, TSV, JSONL or Parquet")
+        listed = ", ".join(sorted(columns)[:12]) + (", ..." if len(columns) > 12 else "")
         raise DuplicatesError(f"{path} has no title column: expected one of "
-                              f"{', '.join(TITLE_COLUMNS)}; it has {', '.join(sorted(columns))}")
+                              f"{', '.join(TITLE_COLUMNS)}; it has {listed}")
     ids = [_id(row, n) for n, row in enumerate(rows)]
     if len(set(ids)) != len(ids):
         raise DuplicatesError(f"{path}: the id column repeats ids; ids must be unique")

@@ -180,11 +180,14 @@ class HttpConnection(asyncio.Protocol):
 
     def _start_next(self) -> None:
         request, keep_alive = self.pending.popleft()
+        head = request.method == "HEAD"  # answered as GET, without the body (RFC 9110 9.3.2)
+        if head:
+            request.method = "GET"
         task = asyncio.get_running_loop().create_task(self.handler(request))
         self.current = task
-        task.add_done_callback(lambda done: self._finished(done, keep_alive))
+        task.add_done_callback(lambda done: self._finished(done, keep_alive, head))
 
-    def _finished(self, task: asyncio.Task[Response], keep_alive: bool) -> None:
+    def _finished(self, task: asyncio.Task[Response], keep_alive: bool, head: bool) -> None:
         self.current = None
         if self.transport is None or task.cancelled():
             return
@@ -194,7 +197,7 @@ class HttpConnection(asyncio.Protocol):
             response = json_error(500, "internal server error")
         else:
             response = task.result()
-        self._write(response, keep_alive)
+        self._write(response, keep_alive, head)
         if self.fatal is not None and not self.pending:
             self._write(self.fatal, keep_alive=False)
             keep_alive = False
@@ -224,17 +227,18 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._close()
 
-    def _write(self, response: Response, keep_alive: bool) -> None:
+    def _write(self, response: Response, keep_alive: bool, head: bool = False) -> None:
+        """One response; for a HEAD request its headers alone, Content-Length included."""
         assert self.transport is not None
-        head = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
+        lines = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
             response.status, _REASONS.get(response.status, b"Unknown"),
             response.content_type.encode(), len(response.body))]
         for name, value in response.headers:
-            head.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+            lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
         if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        self.transport.writelines([b"".join(head), response.body])
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        self.transport.writelines([b"".join(lines), b"" if head else response.body])
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request we will not read to the end, then close the connection."""
