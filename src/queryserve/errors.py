@@ -28,6 +28,11 @@ class InvalidInput(QueryServeError):
     outcome = "invalid"
 
 
+class QueryTooLong(InvalidInput):
+    """A query longer than the model takes (the spelling channel's `max_words`); the search
+    pipeline catches it and searches the query as typed."""
+
+
 class PayloadTooLarge(InvalidInput):
     """The body is over the server's size limit, or carries more items than allowed."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -193,10 +194,9 @@ def run_bench_command(args: argparse.Namespace) -> None:
         "bench-%Y%m%d-%H%M%S")
     written = write_bench_report(results, out)
     print_summary(results, [str(p) for p in written], Console())
-    answers: dict[str, int] = {}
+    answers: Counter[str] = Counter()
     for step in results["steps"]:
-        for status, times in step["by_status"].items():
-            answers[status] = answers.get(status, 0) + times
+        answers.update(step["by_status"])
     errors = sum(step["errors"] for step in results["steps"])
     if (answers or errors) and not any(status.startswith("2") for status in answers):
         # The report is written (it shows what the server said); the exit status must not

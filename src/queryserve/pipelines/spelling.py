@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from queryserve.backends.ctranslate2 import OUTPUT_SCORES, token_rows
 from queryserve.backends.noisy_channel import OUTPUT_TEXTS, WORDS
-from queryserve.errors import InvalidInput
+from queryserve.errors import QueryTooLong
 from queryserve.pipelines.text2text import GeneratedText, Generation
 from queryserve.spell.corrector import normalized
 from queryserve.types import Array
@@ -30,7 +30,7 @@ class Spelling(GeneratedText):
         rows = [normalized(text).split() for text in texts]
         for words in rows:
             if len(words) > self.max_words:
-                raise InvalidInput(f"a query of {len(words)} words is over the {self.max_words} "
+                raise QueryTooLong(f"a query of {len(words)} words is over the {self.max_words} "
                                    f"that model '{self.config.name}' corrects "
                                    f"(parameters.max_words in its model.yaml)")
         return rows

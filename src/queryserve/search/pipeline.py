@@ -17,12 +17,12 @@ from typing import Any
 import yaml
 
 from queryserve.config import ModelConfig, TensorSpec
-from queryserve.errors import ConfigError, InvalidInput
+from queryserve.errors import ConfigError, InvalidInput, QueryTooLong
 from queryserve.repository import ModelRepository
 from queryserve.scheduling.stats import request_recorded
 from queryserve.search.catalog import CATALOGS
 from queryserve.search.index import CatalogIndex, load_index
-from queryserve.spell.corrector import corrections, normalized
+from queryserve.spell.corrector import corrections
 
 FILE = "pipeline.yaml"
 MAX_K = 100
@@ -114,16 +114,17 @@ class Searcher:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         corrected, changed, score = query, False, 1.0
-        speller = self.repository.get(self.config.spell) if self.config.spell else None
-        # A query longer than the corrector takes is searched as typed, not refused.
-        words = len(normalized(query).split())
-        if speller is not None and spell and words <= getattr(speller.pipeline, "max_words",
-                                                              words):
-            with request_recorded(speller.stats):
-                rows = await speller.pipeline.infer([query])
-            fixed = corrections([query], rows.output[:, 0], rows.extra.get("score"))[0]
-            corrected, changed, score = fixed.corrected, fixed.changed, fixed.score
-            timings["spell"] = _ms(started)
+        if self.config.spell and spell:
+            speller = self.repository.get(self.config.spell)
+            try:
+                with request_recorded(speller.stats):
+                    rows = await speller.pipeline.infer([query])
+            except QueryTooLong:
+                pass  # longer than the corrector takes: searched as typed, not refused
+            else:
+                fixed = corrections([query], rows.output[:, 0], rows.extra.get("score"))[0]
+                corrected, changed, score = fixed.corrected, fixed.changed, fixed.score
+                timings["spell"] = _ms(started)
         searched = corrected if score >= self.config.min_score else query
         intent = (asyncio.ensure_future(self._intent(searched))
                   if self.config.intent else None)

@@ -183,7 +183,7 @@ class HttpConnection(asyncio.Protocol):
         head = request.method == "HEAD"  # answered as GET, without the body (RFC 9110 9.3.2)
         if head:
             request.method = "GET"
-        task = asyncio.get_running_loop().create_task(self.handler(request))
+        task = self.loop.create_task(self.handler(request))
         self.current = task
         task.add_done_callback(lambda done: self._finished(done, keep_alive, head))
 

@@ -36,8 +36,8 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     if options.cores is not None:
         repository.cores = options.cores
     app = ServerApp(repository, options.limits)
+    limits = options.limits
     try:
-        limits = options.limits
         server = await start_http_server(app, options.host, options.port, limits.max_body_bytes,
                                          limits.read_timeout_s, limits.idle_timeout_s)
     except OSError as exc:  # the port is taken, the address is not this machine's
