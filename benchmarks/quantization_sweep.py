@@ -18,7 +18,8 @@ from onnxruntime.quantization import (quantize_dynamic, quantize_static, QuantTy
                                       CalibrationDataReader, CalibrationMethod)
 from queryserve.optimize import encoder as E
 from queryserve.optimize import recipes as R
-from queryserve.prepare import read_utterances, minilm_folder
+from queryserve.optimize.source import minilm_folder
+from queryserve.prepare import read_utterances
 
 OUT = Path(sys.argv[1]); OUT.mkdir(parents=True, exist_ok=True)
 SECS = float(sys.argv[2]) if len(sys.argv) > 2 else 1.5

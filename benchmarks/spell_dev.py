@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from queryserve.spell import channel  # noqa: E402
-from queryserve.spell.corrector import normalized  # noqa: E402
+from queryserve.api import normalized  # noqa: E402
+from queryserve.backends.noisy_channel import channel  # noqa: E402
+from queryserve.backends.noisy_channel.noise import NoiseModel  # noqa: E402
 from queryserve.spell.data import (  # noqa: E402
     HELD_OUT_WORDS,
     development_catalog,
@@ -35,7 +36,6 @@ from queryserve.spell.data import (  # noqa: E402
     load_web_words,
     load_words,
 )
-from queryserve.spell.noise import NoiseModel  # noqa: E402
 
 DEFAULT = channel.ChannelParameters()
 DEV_WORDS = HELD_OUT_WORDS + 0.10  # the next 10% of word hashes after the held-out ones

@@ -23,7 +23,7 @@ from queryserve.duplicates.command import (
 from queryserve.errors import QueryServeError
 from queryserve.intent.command import add_intent_parser, run_intent_train_command
 from queryserve.optimize.command import add_optimize_parser, run_optimize_command
-from queryserve.server.http import IDLE_TIMEOUT_S, READ_TIMEOUT_S
+from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits
 from queryserve.spell.command import (
     add_eval_parser,
     add_spell_parsers,
@@ -58,16 +58,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cores", type=count, default=None,
                        help="cores the model instances share (default: all this process may "
                             "use); intra-op threads per instance = cores // instances")
-    serve.add_argument("--max-body-bytes", type=count, default=8 * 1024 * 1024,
+    serve.add_argument("--max-body-bytes", type=count, default=HttpLimits().max_body_bytes,
                        help="largest request body accepted (default: %(default)s)")
     serve.add_argument("--max-items", type=count, default=1024,
                        help="most items (texts, or pairs of texts) in one request "
                             "(default: %(default)s)")
-    serve.add_argument("--read-timeout", type=positive, default=READ_TIMEOUT_S, metavar="S",
-                       help="a client silent this long in the middle of a request gets a 408 "
-                            "(default: %(default)g)")
-    serve.add_argument("--idle-timeout", type=positive, default=IDLE_TIMEOUT_S, metavar="S",
-                       help="a keep-alive connection idle this long is closed "
+    http = HttpLimits()
+    serve.add_argument("--read-timeout", type=positive, default=http.read_timeout_s,
+                       metavar="S", help="a client silent this long in the middle of a request "
+                                         "gets a 408 (default: %(default)g)")
+    serve.add_argument("--header-timeout", type=positive, default=http.header_timeout_s,
+                       metavar="S", help="a request's line and headers must arrive within this "
+                                         "time, or it gets a 408 (default: %(default)g)")
+    serve.add_argument("--idle-timeout", type=positive, default=http.idle_timeout_s,
+                       metavar="S", help="a keep-alive connection idle this long is closed "
+                                         "(default: %(default)g)")
+    serve.add_argument("--max-connections", type=count, default=http.max_connections,
+                       help="open connections at most; one more is closed at once and counted "
+                            "(default: %(default)s, half this process's file limit at most)")
+    serve.add_argument("--drain-timeout", type=positive, default=DRAIN_TIMEOUT_S, metavar="S",
+                       help="on SIGTERM or SIGINT, how long accepted requests get to finish "
                             "(default: %(default)g)")
 
     prepare = commands.add_parser(
@@ -98,13 +108,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "serve":
-            from queryserve.server.app import Limits
+            from queryserve.server.routing import Limits
             from queryserve.server.run import ServeOptions, serve
 
             host, port = args.http
-            serve(ServeOptions(args.repository, host, port, args.cores,
-                               Limits(args.max_body_bytes, args.max_items, args.read_timeout,
-                                      args.idle_timeout)))
+            serve(ServeOptions(
+                args.repository, host, port, args.cores, Limits(args.max_items),
+                HttpLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
+                           idle_timeout_s=args.idle_timeout,
+                           header_timeout_s=args.header_timeout,
+                           max_connections=args.max_connections),
+                args.drain_timeout))
         elif args.command == "bench":
             run_bench_command(args)
         elif args.command == "recommend":

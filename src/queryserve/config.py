@@ -5,10 +5,16 @@ Field names follow Triton's model configuration where Triton has the concept (`m
 (`max_batch_tokens`, `batch_overhead_tokens`, `pipeline`, `parameters`) are documented here.
 Validation happens once, at load: an unknown key or a bad value is a `ConfigError` naming the
 file, the field, the value and what is allowed. Nothing here is mutated afterwards.
+
+A folder of the repository holds a model (`model.yaml`) or the search ensemble
+(`pipeline.yaml`: which served models are its steps), read by the same reader into the same
+`ModelConfig`. Model names are checked here too: a name is a folder of the repository, never
+a path out of it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +28,12 @@ from queryserve.types import NUMPY_DTYPES
 BACKENDS = ("onnxruntime", "ctranslate2", "noisy_channel", "fake")
 PIPELINES = ("text_embedding", "text_classification", "pair_scoring", "text2text",
              "spelling")
+MODEL_FILE = "model.yaml"
+ENSEMBLE_FILE = "pipeline.yaml"
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A model's name: its folder in the repository. No separators, no leading dot (so never `..`),
+at most 128 characters (a name the file system would refuse never reaches it)."""
+MAX_K = 100  # the most results a search may ask for
 
 MAX_BATCH_OVERHEAD_TOKENS = 1_000_000  # `batch_overhead_tokens`' upper bound
 T = TypeVar("T")
@@ -76,6 +88,25 @@ class WarmupSample:
 
 
 @dataclass(frozen=True, slots=True)
+class SearchSteps:
+    """The search ensemble (`search/pipeline.yaml`): which served models do each step, where
+    the vector index is, how many results by default."""
+
+    embed: str
+    spell: str | None = None
+    intent: str | None = None
+    index: Path = Path("index")
+    k: int = 10
+    min_score: float = 0.5
+    """Auto-correct only at this spell score or above; below it the query is searched as typed
+    and the correction is only offered ("did you mean")."""
+
+    def models(self) -> tuple[str, ...]:
+        """The served models the ensemble runs, in order (Triton's ensemble steps)."""
+        return tuple(m for m in (self.spell, self.embed, self.intent) if m)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     path: Path
@@ -84,7 +115,7 @@ class ModelConfig:
     """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
     pair texts -> probabilities), both in pipelines/text_embedding.py; or `pair_scoring` (text
     pairs -> the probability that they are one product: a bi-encoder and `head.npz`), in
-    pipelines/pair_scoring.py; or `text2text` (texts ->
+    pipelines/pairs/scoring.py; or `text2text` (texts ->
     generated texts, with the ctranslate2 backend), in pipelines/text2text.py; or `spelling`
     (queries -> corrected queries, with the noisy_channel backend), in pipelines/spelling.py."""
     max_batch_size: int
@@ -95,6 +126,8 @@ class ModelConfig:
     response_cache: ResponseCache = ResponseCache()
     model_warmup: tuple[WarmupSample, ...] = ()
     parameters: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    ensemble: SearchSteps | None = None
+    """The search ensemble's steps (`backend: ensemble`, `pipeline: search`); None for a model."""
 
     def parameter(self, key: str, default: T) -> T:
         """A backend parameter, typed like its default."""
@@ -108,15 +141,38 @@ class ModelConfig:
         return names if len(names) == count else [f"label_{i}" for i in range(count)]
 
 
+def is_model_name(name: str) -> bool:
+    return MODEL_NAME.fullmatch(name) is not None
+
+
+def load_config(folder: Path) -> ModelConfig:
+    """The model or ensemble a repository folder holds."""
+    if (folder / MODEL_FILE).is_file():
+        return load_model_config(folder / MODEL_FILE)
+    if (folder / ENSEMBLE_FILE).is_file():
+        return load_ensemble_config(folder / ENSEMBLE_FILE)
+    raise ConfigError(f"{folder} holds neither {MODEL_FILE} nor {ENSEMBLE_FILE}")
+
+
 def load_model_config(path: Path) -> ModelConfig:
     """Read and validate one `model.yaml`; the model's name is its folder's name."""
+    return _Reader(path).model(_read_yaml(path), default_name=path.parent.name)
+
+
+def load_ensemble_config(path: Path) -> ModelConfig:
+    """Read and validate the search ensemble's `pipeline.yaml`, as a KServe v2 model: a query
+    in; the corrected query, its intent and the results (JSON text) out, a row per query."""
+    return _Reader(path).ensemble(_read_yaml(path), name=path.parent.name)
+
+
+def _read_yaml(path: Path) -> object:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the file ({exc})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    return _Reader(path).model(raw if raw is not None else {}, default_name=path.parent.name)
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    return raw if raw is not None else {}
 
 
 class _Reader:
@@ -126,12 +182,14 @@ class _Reader:
         self.path = path
 
     def fail(self, where: str, value: object, allowed: str) -> ConfigError:
-        return ConfigError(f"{self.path}: field '{where}' is {value!r}; expected {allowed}")
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return ConfigError(f"{self.path}: field '{where}' is {shown}; expected {allowed}")
 
     def mapping(self, raw: object, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(raw, dict):
             raise self.fail(where or "(top level)", raw, "a mapping")
-        unknown = sorted(set(raw) - set(allowed))
+        unknown = sorted(set(raw) - set(allowed), key=str)  # YAML keys need not be strings
         if unknown:
             key = f"{where}.{unknown[0]}" if where else str(unknown[0])
             raise ConfigError(
@@ -193,6 +251,36 @@ class _Reader:
             ),
             parameters=self.parameters(top.get("parameters", {})),
         )
+
+    def ensemble(self, raw: object, name: str) -> ModelConfig:
+        fields = self.mapping(raw, "", tuple(SearchSteps.__dataclass_fields__))
+        if "embed" not in fields:
+            raise ConfigError(f"{self.path}: missing required field 'embed' (the encoder model)")
+        steps = {step: self.model_name(fields[step], step)
+                 for step in ("spell", "embed", "intent") if fields.get(step) is not None}
+        min_score = fields.get("min_score", 0.5)
+        if isinstance(min_score, bool) or not isinstance(min_score, int | float) \
+                or not 0 <= min_score <= 1:
+            raise self.fail("min_score", min_score, "a number from 0 to 1")
+        index = self.text(fields.get("index", "index"), "index")
+        if not is_model_name(index):  # a folder beside pipeline.yaml, never a path out of it
+            raise self.fail("index", index, "the name of a folder beside this file")
+        query = TensorSpec("query", "BYTES", (1,))
+        return ModelConfig(
+            name=name, path=self.path.parent, backend="ensemble", pipeline="search",
+            max_batch_size=64, inputs=(query,),
+            outputs=tuple(TensorSpec(n, "BYTES", (1,))
+                          for n in ("corrected", "intent", "results")),
+            ensemble=SearchSteps(
+                embed=steps["embed"], spell=steps.get("spell"), intent=steps.get("intent"),
+                index=self.path.parent / index,
+                k=self.integer(fields.get("k", 10), "k", 1, MAX_K),
+                min_score=float(min_score)))
+
+    def model_name(self, raw: object, where: str) -> str:
+        if not isinstance(raw, str) or not is_model_name(raw):
+            raise self.fail(where, raw, "a model name (letters, digits, '.', '_', '-')")
+        return raw
 
     def tensors(self, raw: object, where: str) -> tuple[TensorSpec, ...]:
         specs = []

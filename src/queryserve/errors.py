@@ -1,11 +1,14 @@
 """The one error hierarchy, and its one mapping to HTTP status and gRPC code.
 
-Every error a client can see is a `QueryServeError`; the front ends never decide a status
-themselves. Anything else that escapes is a bug: it is logged and answered as a bare 500
-whose message leaks no internals.
+Every error a client can see is a `QueryServeError`, carrying its own status, gRPC code and
+response headers (as starlette's `HTTPException(status_code, detail, headers)` does): the front
+ends never decide a status or a header themselves. Anything else that escapes is a bug: it is
+logged and answered as a bare 500 whose message leaks no internals.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class QueryServeError(Exception):
@@ -15,9 +18,11 @@ class QueryServeError(Exception):
     grpc_code: str = "INTERNAL"
     outcome: str = "error"  # the `outcome` label of the request counter
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.headers: dict[str, str] = dict(headers) if headers else {}
+        """Response headers the error needs (Retry-After, Allow), lower-case names."""
 
 
 class InvalidInput(QueryServeError):
@@ -62,29 +67,28 @@ class MethodNotAllowed(QueryServeError):
     outcome = "invalid"
 
     def __init__(self, message: str, allow: str) -> None:
-        super().__init__(message)
-        self.allow = allow
+        super().__init__(message, {"allow": allow})
 
 
 class Unavailable(QueryServeError):
-    """The model exists but cannot take the request now (not ready, shutting down)."""
+    """The model exists but cannot take the request now (loading, unloading, shutting down).
+
+    Clients should back off for `retry_after_s` seconds (sent as Retry-After).
+    """
 
     http_status = 503
     grpc_code = "UNAVAILABLE"
     outcome = "unavailable"
 
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"retry-after": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
 
 class Overloaded(Unavailable):
-    """The model's queue is full: admission control rejected the request (Triton's answer).
-
-    Clients should back off for `retry_after_s` seconds (sent as Retry-After).
-    """
+    """The model's queue is full: admission control rejected the request (Triton's answer)."""
 
     outcome = "rejected"
-
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class RequestTimeout(Unavailable):

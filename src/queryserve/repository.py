@@ -1,21 +1,46 @@
-"""The model repository: a folder with one sub-folder per model, each holding `model.yaml`.
+"""The model repository: a folder with one sub-folder per model, each holding `model.yaml`, or
+the search ensemble's `pipeline.yaml`.
 
-Finds models, loads them (config -> backends -> pipeline -> warmup) and unloads them, and says
-which are ready. Each model has one version, "1". Loading is blocking work (sessions, warmup);
-the server runs it off the event loop.
+Finds models, builds them (config -> backends -> pipeline -> warmup), swaps them in and retires
+them, and says which are ready. Each model has one version, "1".
+
+The lifecycle, as the server runs it:
+- `load` builds the new model on a worker thread (sessions, warmup: seconds of blocking work)
+  and swaps it in on the event loop, the only thread that touches the table of models and the
+  schedulers. Requests that already hold the old model finish on it; new ones get the new one.
+- The retired model closes: it takes no more work and runs its queue to the end, then its
+  sessions are released and the cycle it forms with its scheduler is collected at once (after
+  `gc.freeze()` the collector's full passes are rare, and each reload kept ~50 MB alive).
+- `unload` retires the same way; later requests get a 503 (it exists, not loaded) with
+  Retry-After.
+A model name is a folder of the repository: `config.MODEL_NAME`, checked before any path is
+made, so nothing outside the repository can be loaded.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import gc
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from queryserve.backends import create_backend
-from queryserve.config import ModelConfig, load_model_config
-from queryserve.errors import ConfigError, NotFound, QueryServeError, Unavailable
-from queryserve.pipelines import Pipeline, create_pipeline
+from queryserve.config import (
+    ENSEMBLE_FILE,
+    MODEL_FILE,
+    ModelConfig,
+    is_model_name,
+    load_config,
+)
+from queryserve.errors import ConfigError, InvalidInput, NotFound, QueryServeError, Unavailable
+from queryserve.pipelines import create_pipeline
+from queryserve.pipelines.model import AnyModel, Model
 from queryserve.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -32,100 +57,182 @@ def threads_per_instance(instances: int, cores: int) -> int:
     return max(1, cores // instances)
 
 
-@dataclass
-class Model:
-    config: ModelConfig
-    pipeline: Pipeline
-    stats: ModelStats
-    threads: int
-
-    @property
-    def name(self) -> str:
-        return self.config.name
+def shown(name: str) -> str:
+    """A client's model name as error messages quote it: never a page of it."""
+    return name if len(name) <= 80 else name[:77] + "..."
 
 
 @dataclass
 class ModelRepository:
     root: Path
     cores: int = field(default_factory=available_cores)
-    models: dict[str, Model] = field(default_factory=dict)
+    models: dict[str, AnyModel] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     """Why a model that exists is not loaded (its load failed), for `/v2/repository/index`."""
+    retiring: set[asyncio.Future[None]] = field(default_factory=set)
 
     def names(self) -> list[str]:
         """Models present in the repository folder, loaded or not."""
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a folder")
-        return sorted(p.parent.name for p in self.root.glob("*/model.yaml"))
+        return sorted(p.name for p in self.root.iterdir()
+                      if is_model_name(p.name)
+                      and ((p / MODEL_FILE).is_file() or (p / ENSEMBLE_FILE).is_file()))
 
-    def load_all(self) -> None:
-        """Load every model; a model that fails is reported and left out, the rest serve."""
-        for name in self.names():
-            try:
-                self.load(name)
-            except QueryServeError as exc:
-                log.error("model '%s' not loaded: %s", name, exc.message)
+    def folder(self, name: str) -> Path:
+        """The folder of model `name`; a name that is not one (`..`, a path, 5,000 characters)
+        is the client's mistake, refused before any path is made from it."""
+        if not is_model_name(name):
+            raise InvalidInput(f"'{shown(name)}' is not a model name: letters, digits, '.', '_' "
+                               "and '-', starting with a letter or digit, at most 128")
+        return self.root / name
 
-    def load(self, name: str) -> Model:
-        path = self.root / name / "model.yaml"
-        if not path.is_file():
-            raise NotFound(f"model '{name}' is not in the repository {self.root}")
+    def exists(self, name: str) -> bool:
+        folder = self.folder(name)
+        return (folder / MODEL_FILE).is_file() or (folder / ENSEMBLE_FILE).is_file()
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def build(self, name: str) -> AnyModel:
+        """The model, ready to serve: blocking work for a worker thread."""
+        if not self.exists(name):
+            raise NotFound(f"model '{shown(name)}' is not in the repository {self.root}")
         try:
-            model = self._build(load_model_config(path))
+            model = self._build(load_config(self.folder(name)))
         except QueryServeError as exc:
             self.errors[name] = exc.message
             raise
         self.errors.pop(name, None)
-        # Swap, then retire the old one: a reload never leaves the model unavailable.
-        previous = self.models.get(name)
-        self.models[name] = model
-        if previous is not None:
-            previous.pipeline.scheduler.close()
-        log.info("model '%s' ready: %d instance(s) x %d thread(s), backend %s", name,
-                 model.config.instance_group.count, model.threads, model.config.backend)
         return model
 
-    def _build(self, config: ModelConfig) -> Model:
+    def _build(self, config: ModelConfig) -> AnyModel:
+        stats = ModelStats()
+        if config.ensemble is not None:
+            pipeline = create_pipeline(config, [], stats, self.get)
+            pipeline.warmup()
+            return Model(config, pipeline, stats, 0)
         count = config.instance_group.count
         threads = threads_per_instance(count, self.cores)
         if count > self.cores:
             log.warning("model '%s': %d instances on %d cores oversubscribe the CPU",
                         config.name, count, self.cores)
         backends = [create_backend(config, threads) for _ in range(count)]
-        stats = ModelStats()
-        pipeline = create_pipeline(config, backends, stats)
+        pipeline = create_pipeline(config, backends, stats, self.get)
         pipeline.warmup()
         return Model(config, pipeline, stats, threads)
 
+    def install(self, model: AnyModel) -> None:
+        """On the event loop: serve `model` from now on, and retire the one it replaces."""
+        previous = self.models.get(model.name)
+        self.models[model.name] = model
+        log.info("model '%s' ready: %d instance(s) x %d thread(s), backend %s", model.name,
+                 model.config.instance_group.count, model.threads, model.config.backend)
+        if previous is not None:
+            self._retire(previous)
+
+    async def load(self, name: str) -> AnyModel:
+        """(Re)load a model: built off the loop, swapped in on it."""
+        self.folder(name)  # a bad name fails here, before a thread is used
+        model = await asyncio.get_running_loop().run_in_executor(None, self.build, name)
+        self.install(model)
+        return model
+
+    async def load_all(self) -> None:
+        """Load every model; a model that fails is reported and left out, the rest serve."""
+        for name in self.names():
+            try:
+                await self.load(name)
+            except QueryServeError as exc:
+                log.error("model '%s' not loaded: %s", name, exc.message)
+
     def unload(self, name: str) -> None:
+        """Take the model out of service; its queued work still runs to the end."""
+        if not self.exists(name) and name not in self.models:
+            raise NotFound(f"model '{shown(name)}' is not in the repository")
         model = self.models.pop(name, None)
         if model is not None:
-            model.pipeline.scheduler.close()
+            self._retire(model)
 
-    def get(self, name: str, version: str | None = None) -> Model:
+    def _retire(self, model: AnyModel) -> None:
+        closed = asyncio.ensure_future(_released(model))
+        self.retiring.add(closed)
+        closed.add_done_callback(self.retiring.discard)
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Retire every model and wait until their queues have run (shutdown); past
+        `timeout_s`, whatever still waits fails."""
+        for name in list(self.models):
+            self.unload(name)
+        if self.retiring:
+            _, pending = await asyncio.wait(set(self.retiring), timeout=timeout_s)
+            if pending:
+                log.warning("%d model(s) still had work queued at the deadline", len(pending))
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> AnyModel:
         if version not in (None, "", VERSION):
-            raise NotFound(f"model '{name}' has no version '{version}'; it has version {VERSION}")
+            raise NotFound(f"model '{shown(name)}' has no version '{shown(str(version))}'; it has "
+                           f"version {VERSION}")
         model = self.models.get(name)
         if model is not None:
             return model
         if name in self.errors:
             raise Unavailable(f"model '{name}' is not loaded: {self.errors[name]}")
-        if (self.root / name / "model.yaml").is_file():
+        if self.exists(name):
             raise Unavailable(f"model '{name}' is not loaded; load it with "
                               f"POST /v2/repository/models/{name}/load")
-        raise NotFound(f"unknown model '{name}'; this server has: "
+        raise NotFound(f"unknown model '{shown(name)}'; this server has: "
                        f"{', '.join(sorted(self.models)) or 'no models'}")
+
+    def ready(self) -> bool:
+        """Every model of the repository is loaded and ready (the server's readiness)."""
+        names = self.names()
+        return all(n in self.models and self.models[n].ready() for n in names)
 
     def index(self) -> list[dict[str, str]]:
         entries = []
         for name in self.names():
+            model = self.models.get(name)
             entry = {"name": name, "version": VERSION,
-                     "state": "READY" if name in self.models else "UNAVAILABLE"}
+                     "state": "READY" if model is not None and model.ready() else "UNAVAILABLE"}
             if name in self.errors:
                 entry["reason"] = self.errors[name]
+            elif model is not None and not model.ready():
+                entry["reason"] = "a model it runs is not loaded"
             entries.append(entry)
         return entries
 
-    def close(self) -> None:
-        for name in list(self.models):
-            self.unload(name)
+
+async def _released(model: Model[Any]) -> None:
+    """Run the retired model's queue to the end, then give its memory back."""
+    name = model.name
+    try:
+        await model.pipeline.close()
+    except asyncio.CancelledError:
+        model.pipeline.abort()
+        raise
+    del model
+    # The requests it just answered still hold it until they resume: collect a moment later.
+    asyncio.get_running_loop().call_later(RELEASE_DELAY_S, _collect)
+    log.info("model '%s' retired: its queue has run", name)
+
+
+RELEASE_DELAY_S = 1.0
+
+
+def _collect() -> None:
+    gc.collect()
+    _trim_heap()
+
+
+_LIBC = ctypes.util.find_library("c")
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them in its arenas otherwise: a
+    released model's ~50 MB would stay in the process's RSS)."""
+    if _LIBC is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL(_LIBC).malloc_trim(0)

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from queryserve import cli
-from queryserve.duplicates.features import FEATURES, features_array
-from queryserve.duplicates.head import PairHead
 from queryserve.duplicates.tables import read_pairs
+from queryserve.pipelines.pairs.features import FEATURES, features_array
+from queryserve.pipelines.pairs.head import PairHead
 from tests.conftest import REPOSITORY, ROOT, RunningServer, free_port, start_server, stop_server
 
 SPLITS = ROOT / "data/product-matching"
@@ -105,7 +105,7 @@ def test_head_method_and_bad_input(data: Path, trained: Path, tmp_path: Path,
 def test_served_probabilities_are_the_models_own(served: RunningServer, repository: Path) -> None:
     """The pipeline (one encoder run over both sides of every pair, the head after it) gives
     what the folder's encoder and head give when run directly."""
-    from queryserve.search.index import embed_texts
+    from queryserve.pipelines.search.index import embed_texts
 
     folder = repository / "duplicates"
     texts = [t for pair in PAIRS for t in pair]

@@ -141,7 +141,7 @@ def test_bad_input_gets_a_4xx_that_names_the_problem(
      "unknown model 'nope'; this server has: duplicates, embed"),
     ("GET", "/v2/models/embed/infer", None, 405, "use POST"),
     ("GET", "/v2/models/embed/versions/7", None, 404, "has no version '7'"),
-    ("POST", "/v1/embeddings", {"model": "embed", "input": []}, 400, "non-empty string"),
+    ("POST", "/v1/embeddings", {"model": "embed", "input": []}, 400, "'input' is empty"),
     ("POST", "/v1/embeddings", {"model": "embed", "input": "hi", "dimensions": 8}, 400,
      "returns 384 dimensions"),
     ("POST", "/v1/embeddings", {"model": "gpt", "input": "hi"}, 404, "unknown model 'gpt'"),

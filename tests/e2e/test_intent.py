@@ -105,8 +105,8 @@ def test_served_intent_answers_top_k_labels(trained: Path, data: Path, tmp_path:
         assert len(one.json()["results"][0]["intents"]) == 1  # top_k defaults to 1
         for body, words in [({"queries": "play"}, '"queries": a list'),
                             ({"queries": []}, "'queries' is empty"),
-                            ({"queries": ["ok"], "top_k": 0}, "'top_k' must be a positive"),
-                            ({"queries": ["ok"], "top_k": "3"}, "'top_k' must be a positive"),
+                            ({"queries": ["ok"], "top_k": 0}, "'top_k' must be an integer"),
+                            ({"queries": ["ok"], "top_k": "3"}, "'top_k' must be an integer"),
                             ({"queries": [""]}, "queries[0] is empty")]:
             bad = httpx.post(f"{server.url}/v1/intent", json=body)
             assert bad.status_code == 400 and words in bad.json()["error"], bad.text

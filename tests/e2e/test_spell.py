@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from queryserve import cli
+from queryserve.api import normalized
+from queryserve.backends.noisy_channel.channel import NoisyChannel
 from queryserve.config import load_model_config
-from queryserve.spell.channel import NoisyChannel
-from queryserve.spell.corrector import Seq2SeqCorrector, normalized
+from queryserve.spell.corrector import Seq2SeqCorrector
 from tests.conftest import ROOT, RunningServer, start_server, stop_server
 
 # A few steps at a high rate, no warm-up: enough for the model to write something.
@@ -247,7 +248,7 @@ def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: R
     # Embeddings are not a spelling model.
     wrong = httpx.post(f"{real_server.url}/v1/spell", json={"queries": ["x"], "model": "embed"})
     assert wrong.status_code == 400
-    assert "spelling and text2text models only" in wrong.json()["error"]
+    assert "text2text and spelling models only" in wrong.json()["error"]
 
 
 def test_a_query_past_the_word_limit_is_refused_by_spell_and_searched_as_typed(

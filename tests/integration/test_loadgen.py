@@ -20,12 +20,12 @@ import pytest
 from queryserve.bench.loadgen import (
     InstantServerOptions,
     LoadResult,
-    _parse_url,
     build_requests,
     run_closed_loop,
     run_open_loop,
     run_sync,
 )
+from queryserve.bench.loadgen.requests import _parse_url
 from queryserve.bench.search import passes, search_max_rate
 
 BODIES = [b'{"inputs":[{"name":"text","shape":[1],"datatype":"BYTES","data":["hi"]}]}']

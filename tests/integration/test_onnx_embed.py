@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from queryserve.api import Embeddings, Inputs
 from queryserve.repository import ModelRepository, threads_per_instance
 from tests.conftest import REPOSITORY
 
@@ -18,27 +19,23 @@ LONG = ("i would like you to find me a song that was played on the radio yesterd
         "about a long road trip across the country with friends and a dog")
 
 
+# One loop for the module, as in the server: a scheduler serves the loop it first ran on.
+LOOP = asyncio.new_event_loop()
+
+
 @pytest.fixture(scope="module")
 def repository() -> Iterator[ModelRepository]:
     if not (REPOSITORY / "embed" / "model.onnx").is_file():
         pytest.fail("the default model is not prepared: run `make prepare` (make test does)")
     repo = ModelRepository(REPOSITORY, cores=2)
-    repo.load("embed")
+    LOOP.run_until_complete(repo.load("embed"))
     yield repo
-    repo.close()
-
-
-# One loop for the module, as in the server: a scheduler serves the loop it first ran on.
-LOOP = asyncio.new_event_loop()
+    LOOP.run_until_complete(repo.close())
 
 
 def embed(repository: ModelRepository, texts: list[str]) -> np.ndarray:
-    pipeline = repository.get("embed").pipeline
-
-    async def run() -> np.ndarray:
-        return (await pipeline.infer(texts)).output
-
-    return LOOP.run_until_complete(run())
+    model = repository.get("embed").answering(Embeddings, "this test")
+    return LOOP.run_until_complete(model.infer(Inputs(texts))).vectors
 
 
 def test_vectors_are_unit_length_and_distinct(repository: ModelRepository) -> None:
@@ -66,6 +63,5 @@ def test_instances_times_threads_never_exceed_the_cores(tmp_path: Path) -> None:
     yaml = re.sub(r"count: \d+", "count: 2", (folder / "model.yaml").read_text())
     (folder / "model.yaml").write_text(yaml)
     repo = ModelRepository(tmp_path, cores=2)
-    model = repo.load("embed")
-    assert model.threads == 1 and len(model.pipeline.scheduler.instances) == 2
-    repo.close()
+    model = repo.build("embed")
+    assert model.threads == 1 and len(model.pipeline.scheduler.instances) == 2  # type: ignore[attr-defined]

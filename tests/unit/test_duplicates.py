@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from queryserve.duplicates.batch import block, one_to_one
-from queryserve.duplicates.features import FEATURES, model_codes, pair_features
 from queryserve.duplicates.products import (
     DuplicatesError,
     load_split,
@@ -18,6 +17,7 @@ from queryserve.duplicates.products import (
     product_text,
 )
 from queryserve.duplicates.tables import read_products, write_pairs
+from queryserve.pipelines.pairs.features import FEATURES, model_codes, pair_features
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,13 +9,9 @@ from typing import Any
 
 import pytest
 
-from queryserve.bench.loadgen import (
-    _histogram_us,
-    _parse_url,
-    _percentiles_ms,
-    _Run,
-    _timeline,
-)
+from queryserve.bench.loadgen.open_loop import _Run
+from queryserve.bench.loadgen.recorder import _histogram_us, _percentiles_ms, _timeline
+from queryserve.bench.loadgen.requests import _parse_url
 
 MS = 1_000_000  # nanoseconds
 

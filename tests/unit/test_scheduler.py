@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from queryserve.config import DynamicBatching
-from queryserve.errors import ModelFailed, Overloaded, RequestTimeout
+from queryserve.errors import ModelFailed, Overloaded, RequestTimeout, Unavailable
 from queryserve.scheduling.scheduler import Scheduler
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
@@ -114,13 +114,68 @@ async def test_instances_run_batches_concurrently() -> None:
     assert [await a[0], await b[0]] == [2, 4]
 
 
-async def test_close_fails_what_still_waits() -> None:
+async def test_close_runs_what_is_queued_then_releases_the_instances() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend, instances=2)
+    busy = scheduler.submit([1], [3]) + scheduler.submit([2], [3])
+    waiting = scheduler.submit([3, 4], [3, 3])
+    closed = scheduler.close()
+    with pytest.raises(Unavailable, match="unloading"):
+        scheduler.submit([5], [3])  # no new work once closing
+    assert not closed.done()
+    backend.gate.set()
+    assert await asyncio.gather(*busy, *waiting) == [2, 4, 6, 8]  # queued work still ran
+    await asyncio.wait_for(closed, 5)
+    assert scheduler.instances == []  # sessions released at once, not at the next collection
+
+
+async def test_abort_fails_what_waits_when_the_drain_runs_out() -> None:
     backend = GatedBackend()
     scheduler = make(backend)
     busy = scheduler.submit([1], [3])
     waiting = scheduler.submit([2], [3])
-    scheduler.close()
-    backend.gate.set()
-    with pytest.raises(Exception, match="unloaded"):
+    closed = scheduler.close()
+    scheduler.abort()
+    with pytest.raises(Unavailable, match="stopped before the request ran"):
         await waiting[0]
-    await busy[0]
+    backend.gate.set()
+    assert await busy[0] == 2
+    await asyncio.wait_for(closed, 5)
+
+
+class Miscounting(Doubler):
+    """A pipeline bug: `split` drops a row whenever a batch holds 99."""
+
+    def split(self, outputs: dict[str, Array], payloads: Sequence[int]) -> Sequence[int]:
+        rows = list(super().split(outputs, payloads))
+        return rows[:-1] if 99 in payloads else rows
+
+
+async def test_a_batch_with_the_wrong_number_of_rows_fails_only_itself(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: the row count was checked outside the error handling, so such a batch left
+    its requests waiting for ever."""
+    backend = GatedBackend()
+    scheduler = Scheduler("m", DynamicBatching(), 8, [backend], Miscounting(), ModelStats())
+    busy = scheduler.submit([1], [3])
+    wrong = scheduler.submit([99, 5], [3, 3])
+    backend.gate.set()
+    assert await busy[0] == 2
+    for future in wrong:
+        with pytest.raises(ModelFailed, match="failed to run a batch of 2"):
+            await asyncio.wait_for(future, 5)
+    assert "returned 1 rows for a batch of 2" in caplog.text
+    assert await scheduler.submit([6], [3])[0] == 12  # the model keeps serving
+
+
+async def test_a_later_turn_of_an_admitted_request_is_never_refused() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend, max_queue_size=2)
+    assert scheduler.turn_items == 2  # one batch of 8 per instance, capped by the queue
+    busy = scheduler.submit([1], [3])
+    first = scheduler.submit([2, 3], [3, 3])
+    with pytest.raises(Overloaded):
+        scheduler.submit([4], [3])  # another request: the queue is full
+    later = scheduler.submit([5, 6], [3, 3], admitted=True)  # the same request's next turn
+    backend.gate.set()
+    assert await asyncio.gather(*busy, *first, *later) == [2, 4, 6, 10, 12]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from queryserve.spell.channel import ChannelTables, NoisyChannel
-from queryserve.spell.noise import NoiseModel
+from queryserve.backends.noisy_channel.channel import ChannelTables, NoisyChannel
+from queryserve.backends.noisy_channel.noise import NoiseModel
 
 CATALOG = ["taylor swift", "shake it off taylor swift", "play some jazz", "play some coffee",
            "blank space taylor swift", "passion pit", "sleepyhead passion pit",
@@ -36,7 +36,7 @@ def test_words_too_far_for_the_channel_come_from_the_context(
     # "p" is three edits from "play": beyond the two the channel searches for a short word,
     # but "play" is what the catalog types first, so the context proposes it.
     assert channel.correct(["p some jazz"])[0].corrected == "play some jazz"
-    monkeypatch.setattr("queryserve.spell.channel.CONTEXT_KEEP", 0)
+    monkeypatch.setattr("queryserve.backends.noisy_channel.channel.CONTEXT_KEEP", 0)
     assert channel.correct(["p some jazz"])[0].corrected != "play some jazz"
 
 
@@ -82,7 +82,7 @@ def test_words_of_web_text_stay_as_typed_but_known_typos_do_not(
 def test_the_deletion_index_finds_exactly_the_words_a_full_scan_finds() -> None:
     from rapidfuzz.distance import OSA
 
-    from queryserve.spell.deletions import DeletionIndex, deletions
+    from queryserve.backends.noisy_channel.deletions import DeletionIndex, deletions
 
     words = sorted({w for text in CATALOG for w in text.split()} | {
         "a", "an", "at", "ox", "to", "top", "pot", "opt", "stop", "spot", "post", "posts",

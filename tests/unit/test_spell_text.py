@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
+from queryserve.backends.noisy_channel.noise import NoiseModel, align
 from queryserve.spell.data import held_out, load_catalog, load_misspellings
-from queryserve.spell.noise import NoiseModel, align
 from queryserve.spell.symspell import SymSpell
 from tests.conftest import ROOT
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from queryserve.config import ModelConfig
+from queryserve.errors import ConfigError
 from queryserve.types import Array
 
 
@@ -33,6 +34,8 @@ def create_backend(config: ModelConfig, threads: int) -> Backend:
         from queryserve.backends.noisy_channel import NoisyChannelBackend
 
         return NoisyChannelBackend(config)
-    from queryserve.backends.fake import FakeBackend
+    if config.backend == "fake":
+        from queryserve.backends.fake import FakeBackend
 
-    return FakeBackend(config)
+        return FakeBackend(config)
+    raise ConfigError(f"{config.path / 'model.yaml'}: unknown backend {config.backend!r}")

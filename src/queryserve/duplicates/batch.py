@@ -30,27 +30,24 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.progress import Progress
 
-from queryserve.duplicates.features import features_array, model_codes, text_signals
-from queryserve.duplicates.head import FILE as HEAD
-from queryserve.duplicates.head import PairHead
+from queryserve.duplicates.job import Job, score_part
 from queryserve.duplicates.products import DuplicatesError
 from queryserve.duplicates.tables import WRITES, Products, read_pairs, read_products, write_pairs
+from queryserve.pipelines.pairs.features import model_codes
+from queryserve.pipelines.pairs.head import FILE as HEAD
+from queryserve.pipelines.pairs.head import PairHead
 from queryserve.progress import progress_bar
 from queryserve.types import Array
 
 ENGINES = ("local", "ray")
 MAX_CODE_BLOCK = 20  # a model number shared by more products than this is not a model number
 COLUMNS = ("left_id", "right_id", "probability", "duplicate")
-# Each product meets many others across the parts a process scores: read its text once. (The
-# batch job's process ends with the job; the server reads per request instead.)
-_read_signals = lru_cache(maxsize=1 << 16)(text_signals)
 
 
 @dataclass(frozen=True)
@@ -67,35 +64,6 @@ class BatchOptions:
     progress: bool = True
 
 
-@dataclass(frozen=True)
-class Job:
-    """Where a job's files are, and how to score one of its parts (a pure function of files,
-    so any process, a Ray worker too, can score any part)."""
-
-    work: Path
-    model: Path
-    tables: int
-    part_size: int
-    threshold: float
-    min_probability: float
-
-    def embeddings(self, table: int) -> Path:
-        return self.work / f"embeddings-{table}.npy"
-
-    @property
-    def candidates(self) -> Path:
-        return self.work / "candidates.npy"
-
-    def part(self, number: int) -> Path:
-        return self.work / f"part-{number:05d}.parquet"
-
-    def texts(self, table: int) -> list[str]:
-        return json.loads((self.work / f"texts-{table}.json").read_text())  # type: ignore[no-any-return]
-
-    def ids(self, table: int) -> list[str]:
-        return json.loads((self.work / f"ids-{table}.json").read_text())  # type: ignore[no-any-return]
-
-
 def _save_array(path: Path, array: Array) -> None:
     temporary = path.with_name(f".{path.stem}.tmp.npy")
     np.save(temporary, array)
@@ -109,7 +77,7 @@ def _save_json(path: Path, value: object) -> None:
 
 
 def _fingerprint(inputs: Sequence[Path], options: BatchOptions) -> dict[str, object]:
-    from queryserve.search.index import encoder_fingerprint
+    from queryserve.pipelines.search.index import encoder_fingerprint
 
     return {"inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size,
                         "modified_ns": p.stat().st_mtime_ns} for p in inputs],
@@ -177,27 +145,6 @@ def one_to_one(pairs: dict[str, list[Any]]) -> list[bool]:
                 best_right[right] = i
     return [bool(d) and best_left[a] == i and best_right[b] == i
             for i, (a, b, _, d) in enumerate(rows)]
-
-
-def score_part(job: Job, number: int) -> int:
-    """Score part `number` and write it (whole or not at all); returns the pairs scored."""
-    candidates = np.load(job.candidates, mmap_mode="r")
-    rows = np.asarray(candidates[number * job.part_size:(number + 1) * job.part_size])
-    head = PairHead.load(job.model)
-    last = job.tables - 1
-    u = np.load(job.embeddings(0), mmap_mode="r")[rows[:, 0]]
-    v = np.load(job.embeddings(last), mmap_mode="r")[rows[:, 1]]
-    left_texts, right_texts = job.texts(0), job.texts(last)
-    features = features_array([(left_texts[i], right_texts[j]) for i, j in rows], _read_signals)
-    probability = head.probability(u, v, features)
-    keep = probability >= job.min_probability
-    left_ids, right_ids = job.ids(0), job.ids(last)
-    write_pairs(job.part(number), {
-        "left_id": [left_ids[i] for i in rows[keep, 0]],
-        "right_id": [right_ids[j] for j in rows[keep, 1]],
-        "probability": probability[keep].tolist(),
-        "duplicate": (probability[keep] >= job.threshold).tolist()})
-    return len(rows)
 
 
 def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = BatchOptions(),
@@ -288,7 +235,7 @@ def _rounded(timings: dict[str, float]) -> dict[str, float]:
 
 
 def _embed(job: Job, table: int, products: Products, display: Progress) -> Array:
-    from queryserve.search.index import embed_texts
+    from queryserve.pipelines.search.index import embed_texts
 
     path = job.embeddings(table)
     if not path.is_file():
@@ -307,7 +254,7 @@ def _score(job: Job, todo: list[int], parts: int, options: BatchOptions,
     task = display.add_task("scoring pairs", total=parts, completed=parts - len(todo),
                             status=f"{options.engine} engine")
     if options.engine == "ray":
-        from queryserve.duplicates.ray_engine import score_parts
+        from queryserve.duplicates.ray_engine import score_parts  # Ray loads only when asked
 
         return score_parts(job, todo, options.ray_address,
                            lambda: display.advance(task))

@@ -33,7 +33,7 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
 
 def run_duplicates_train_command(args: argparse.Namespace) -> None:
     from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
-    from queryserve.optimize.report import quiet_logs
+    from queryserve.progress import quiet_logs
 
     quiet_logs()
     recipe = DuplicatesRecipe(method=args.method, epochs=args.epochs,

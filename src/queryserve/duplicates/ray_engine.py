@@ -1,5 +1,5 @@
 """The batch job's scoring stage on Ray Data (`--engine ray`): each part becomes a row of a Ray
-dataset, and `batch.score_part` runs on Ray's workers, one task per part.
+dataset, and `job.score_part` runs on Ray's workers, one task per part.
 
 `score_part` reads only the work folder's files and writes its part whole or not at all, so
 Ray's retries cannot duplicate rows, and a job killed under Ray resumes like a local one. On a
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from queryserve.duplicates.batch import Job, score_part
+from queryserve.duplicates.job import Job, score_part
 from queryserve.duplicates.products import DuplicatesError
 
 CONNECT_TIMEOUT_S = 5.0

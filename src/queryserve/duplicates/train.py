@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from queryserve.duplicates.features import FEATURES, features_array
-from queryserve.duplicates.head import PairHead
 from queryserve.duplicates.products import (
     DATA,
     DATASETS,
@@ -37,6 +35,8 @@ from queryserve.duplicates.products import (
     LabelledPair,
     load_split,
 )
+from queryserve.pipelines.pairs.features import FEATURES, features_array
+from queryserve.pipelines.pairs.head import PairHead
 from queryserve.progress import milestone, progress_bar
 
 METHODS = ("finetune", "head")
@@ -194,7 +194,7 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
         raise DuplicatesError(f"{out} already holds a trained model; choose another folder")
     import torch
 
-    from queryserve.prepare import minilm_folder
+    from queryserve.optimize.source import minilm_folder
 
     encoder = encoder or minilm_folder()
     splits = load_splits(data, recipe.limit)

@@ -31,7 +31,7 @@ def add_intent_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def run_intent_train_command(args: argparse.Namespace) -> None:
     from queryserve.intent.train import IntentRecipe, train_intent
-    from queryserve.optimize.report import quiet_logs
+    from queryserve.progress import quiet_logs
 
     quiet_logs()
     recipe = IntentRecipe(method=args.method, epochs=args.epochs, batch_size=args.batch_size,

@@ -127,7 +127,7 @@ def train_intent(out: Path, recipe: IntentRecipe = IntentRecipe(), data: Path = 
         raise IntentError(f"method {recipe.method!r} is not one of {', '.join(METHODS)}")
     if (out / "TRAINING.json").is_file():
         raise IntentError(f"{out} already holds a trained model; choose another folder")
-    from queryserve.prepare import minilm_folder
+    from queryserve.optimize.source import minilm_folder
 
     massive = load_massive(data)
     encoder = encoder or minilm_folder()

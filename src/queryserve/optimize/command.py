@@ -134,7 +134,8 @@ def run_optimize_command(args: argparse.Namespace) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: the folder is local
     from queryserve.optimize.plan import Plan
-    from queryserve.optimize.report import print_report, quiet_logs
+    from queryserve.optimize.report import print_report
+    from queryserve.progress import quiet_logs
 
     quiet_logs()
     if source.task == "seq2seq":

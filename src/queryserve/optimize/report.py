@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -10,19 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from queryserve.optimize.plan import Plan, PrepareReport, Speed
-
-# ONNX Runtime's fusion tools log every pass at INFO; the progress display says enough.
-_NOISY = ("onnx_model", "onnx_model_bert", "fusion_base", "fusion_utils", "float16")
-
-
-def quiet_logs() -> None:
-    """Only the run's own progress display: no fusion pass logs, no transformers bars."""
-    for name in _NOISY:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
 
 def print_report(report: PrepareReport, plan: Plan, out: Path,

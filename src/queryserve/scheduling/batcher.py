@@ -71,12 +71,13 @@ class DynamicBatcher(Generic[P]):
     def __len__(self) -> int:
         return len(self._queue)
 
-    def add(self, items: list[QueuedItem[P]]) -> None:
+    def add(self, items: list[QueuedItem[P]], admitted: bool = False) -> None:
         """Queue one request's items, or reject them all when they do not fit (admission
-        control). An empty queue takes a request of any size, so a large one is never starved.
+        control). An empty queue takes a turn of any size, so a large one is never starved;
+        a later turn of a request already admitted (`admitted`) is never refused.
         """
         limit = self.config.max_queue_size
-        if limit and self._queue and len(self._queue) + len(items) > limit:
+        if limit and not admitted and self._queue and len(self._queue) + len(items) > limit:
             raise Overloaded(f"model '{self.model}' is overloaded: its queue holds "
                              f"{len(self._queue)} of at most {limit} items; retry later")
         self._queue.extend(items)

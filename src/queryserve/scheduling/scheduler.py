@@ -4,8 +4,11 @@ The step is schedule -> execute -> update. Scheduling runs on the event loop whe
 changes (an item arrives, an instance frees up, a batching delay expires): no task of its own,
 no polling. Executing runs the pipeline's three stages (collate -> backend -> split) on a free
 instance's own thread, so the loop keeps accepting requests while the runtime (which releases
-the GIL) computes. Updating resolves the batch's futures back on the loop. A batch that raises
-fails its own items and nothing else.
+the GIL) computes. Updating resolves the batch's futures back on the loop. A batch that raises,
+or whose stages return the wrong number of rows, fails its own items and nothing else.
+
+Closing (an unload, a reload's retired model, shutdown) stops admission at once but runs what
+is queued to the end; `closed` resolves when the last batch is done and the threads are gone.
 """
 
 from __future__ import annotations
@@ -85,19 +88,31 @@ class Scheduler(Generic[P, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._closed = False
+        self._closing = False
+        self._closed: asyncio.Future[None] | None = None
 
     @property
     def queue_depth(self) -> int:
         return len(self.batcher)
 
+    @property
+    def turn_items(self) -> int:
+        """The most items one request may have queued at a time: a batch for every instance.
+        A larger request is queued in turns (`admitted=True` after the first), so it never
+        fills the queue and requests that arrive meanwhile run between its turns."""
+        turn = self.batcher.max_batch_size * len(self.instances)
+        limit = self.batcher.config.max_queue_size
+        return min(turn, limit) if limit else turn
+
     def submit(self, payloads: Sequence[P], tokens: Sequence[int],
-               timeout_s: float | None = None) -> list[asyncio.Future[R]]:
+               timeout_s: float | None = None,
+               admitted: bool = False) -> list[asyncio.Future[R]]:
         """Queue one request's items; their futures resolve to one output row each.
 
-        Raises Overloaded when the queue is full: then none of the items is queued.
+        Raises Overloaded when the queue is full: then none of the items is queued. A later
+        turn of a request already admitted (`admitted`) is never refused half-way.
         """
-        if self._closed:
+        if self._closing:
             raise Unavailable(f"model '{self.model}' is unloading")
         loop = self._loop or self._bind_loop()
         now = self.clock()
@@ -107,7 +122,7 @@ class Scheduler(Generic[P, R]):
         self.batcher.add([
             QueuedItem(payload, count, now, deadline, future)
             for payload, count, future in zip(payloads, tokens, futures, strict=True)
-        ])
+        ], admitted)
         self._schedule()
         return futures
 
@@ -175,6 +190,9 @@ class Scheduler(Generic[P, R]):
         self._free.append(instance)
         try:
             rows, times = result.result()
+            if len(rows) != len(batch):
+                raise ModelFailed(f"the pipeline returned {len(rows)} rows for a batch of "
+                                  f"{len(batch)}")
         except Exception:
             log.exception("model '%s' instance %d failed a batch of %d", self.model,
                           instance.index, len(batch))
@@ -189,25 +207,45 @@ class Scheduler(Generic[P, R]):
                     _future(item).set_result(row)
             self.stats.record_batch(len(batch), [started - item.enqueued_at for item in batch],
                                     times.input_s, times.infer_s, times.output_s)
-        if not self._closed:
-            self._schedule()
+        self._schedule()
+        if self._closing:
+            self._finish_if_idle()
 
     def run_now(self, payloads: Sequence[P]) -> None:
         """Run one batch on every instance, synchronously (warmup, before the model is ready)."""
         for instance in self.instances:
             instance.thread.submit(self._execute, instance.backend, list(payloads)).result()
 
-    def close(self) -> None:
-        """Stop taking work; fail what still waits; let running batches finish on their own."""
-        self._closed = True
+    def close(self) -> asyncio.Future[None]:
+        """Stop taking work and run what is queued to the end, on the loop. The future resolves
+        once the last batch is done and the instances' threads and sessions are released."""
+        if self._closed is None:
+            self._closing = True
+            self._closed = (self._loop or self._bind_loop()).create_future()
+            self._finish_if_idle()
+        return self._closed
+
+    def _finish_if_idle(self) -> None:
+        assert self._closed is not None
+        if self._closed.done() or len(self.batcher) or len(self._free) < len(self.instances):
+            return
         if self._timer is not None:
             self._timer.cancel()
-        error = Unavailable(f"model '{self.model}' was unloaded before the request ran")
+        for instance in self.instances:
+            instance.thread.shutdown(wait=False)
+        # Drop the sessions now rather than when the cyclic collector finds the retired
+        # pipeline: a reload would otherwise hold two models' memory until a full collection.
+        self.instances, self._free = [], []
+        self._closed.set_result(None)
+
+    def abort(self) -> None:
+        """Fail whatever still waits (shutdown past its drain deadline)."""
+        error = Unavailable(f"model '{self.model}' stopped before the request ran")
         for item in self.batcher.drain():
             if not item.ticket.done():
                 _future(item).set_exception(error)
-        for instance in self.instances:
-            instance.thread.shutdown(wait=False)
+        if self._closed is not None:
+            self._finish_if_idle()
 
 
 def _future(item: QueuedItem[Any]) -> asyncio.Future[Any]:

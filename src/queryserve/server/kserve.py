@@ -19,7 +19,7 @@ import orjson
 
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput, UnsupportedMediaType
-from queryserve.types import NUMPY_DTYPES, Array
+from queryserve.types import NUMPY_DTYPES, TRITON_DATA_TYPES, Array
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -32,6 +32,9 @@ class InferRequest:
     """Requested outputs and whether each is wanted as raw bytes; empty means all, as JSON."""
     binary_default: bool
     timeout_s: float | None
+    parameters: dict[str, Any]
+    """The request's `parameters`: the protocol's own (`timeout`, `binary_data_output`) and
+    the model's options (`top_k`, `threshold`, `k`...), which the model reads."""
 
 
 def decode_infer_request(body: bytes, headers: dict[str, str],
@@ -41,8 +44,10 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
                                    "send them uncompressed")
     header_length = headers.get(HEADER_LENGTH)
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise InvalidInput(f"{HEADER_LENGTH} is {header_length!r}, but the body has "
+        # isdigit() alone admits digits int() refuses ('²'): ASCII digits only.
+        if not (header_length.isascii() and header_length.isdigit()) \
+                or int(header_length) > len(body):
+            raise InvalidInput(f"{HEADER_LENGTH} is {header_length[:40]!r}, but the body has "
                                f"{len(body)} bytes")
         split = int(header_length)
         header, binary = parse_json(body[:split]), memoryview(body)[split:]
@@ -75,6 +80,7 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
         binary_outputs=_requested_outputs(header.get("outputs"), config, binary_default),
         binary_default=binary_default,
         timeout_s=_timeout(parameters),
+        parameters=parameters,
     )
 
 
@@ -112,16 +118,16 @@ def _decode_input(raw: object, i: int, specs: dict[str, TensorSpec], config: Mod
     name = raw.get("name")
     spec = specs.get(name) if isinstance(name, str) else None
     if spec is None:
-        raise InvalidInput(f"{where}: model '{config.name}' has no input {name!r}; its inputs "
-                           f"are {', '.join(specs)}")
+        raise InvalidInput(f"{where}: model '{config.name}' has no input {str(name)[:80]!r}; "
+                           f"its inputs are {', '.join(specs)}")
     where = f"input '{spec.name}'"
     if raw.get("datatype") != spec.datatype:
-        raise InvalidInput(f"{where} has datatype {raw.get('datatype')!r}; expected "
+        raise InvalidInput(f"{where} has datatype {str(raw.get('datatype'))[:40]!r}; expected "
                            f"{spec.datatype}")
     shape = raw.get("shape")
     if (not isinstance(shape, list) or not shape
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise InvalidInput(f"{where} has shape {shape!r}; expected a list of sizes")
+        raise InvalidInput(f"{where} has shape {str(shape)[:80]}; expected a list of sizes")
     _check_shape(shape, spec, config, where)
     count = math.prod(shape)
     size = _parameters(raw.get("parameters"), f"{where}.parameters").get("binary_data_size")
@@ -132,7 +138,7 @@ def _decode_input(raw: object, i: int, specs: dict[str, TensorSpec], config: Mod
         return (spec.name, _from_binary(chunk, spec.datatype, count, where)), offset + size
     if "data" not in raw:
         raise InvalidInput(f"{where} has no 'data' and no binary_data_size")
-    return (spec.name, _from_json(raw["data"], spec.datatype, count, where)), offset
+    return (spec.name, _from_json(raw["data"], spec.datatype, shape, where)), offset
 
 
 def _check_shape(shape: list[int], spec: TensorSpec, config: ModelConfig, where: str) -> None:
@@ -143,33 +149,47 @@ def _check_shape(shape: list[int], spec: TensorSpec, config: ModelConfig, where:
         d == -1 or d == s for d, s in zip(dims, trailing, strict=True))
     if not matches and not (dims == [1] and not trailing):
         expected = ", ".join(["batch", *("-1" if d == -1 else str(d) for d in dims)])
-        raise InvalidInput(f"{where} has shape {shape}; expected [{expected}]")
+        raise InvalidInput(f"{where} has shape {str(shape)[:80]}; expected [{expected}]")
     if shape[0] == 0:
         raise InvalidInput(f"{where} is empty; send at least one item")
 
 
-def _flatten(data: object) -> list[Any]:
+def _flatten(data: object, depth: int, where: str) -> list[Any]:
+    """The elements of JSON data given flat or nested as the shape (row-major), nested at most
+    `depth` deep; walked without recursion, so no nesting can exhaust the stack."""
     if not isinstance(data, list):
         return [data]
-    if not data or not isinstance(data[0], list):
-        return data
     flat: list[Any] = []
-    for item in data:
-        flat.extend(_flatten(item))
+    stack: list[tuple[list[Any], int, int]] = [(data, 0, 1)]  # (list, next index, its depth)
+    while stack:
+        items, i, level = stack.pop()
+        while i < len(items):
+            item = items[i]
+            i += 1
+            if isinstance(item, list):
+                if level >= depth:
+                    raise InvalidInput(f"{where}: data is nested deeper than its shape")
+                stack.append((items, i, level))
+                items, i, level = item, 0, level + 1
+            else:
+                flat.append(item)
     return flat
 
 
-def _from_json(data: object, datatype: str, count: int,
+def _from_json(data: object, datatype: str, shape: list[int],
                where: str) -> list[bytes | str] | Array:
-    flat = _flatten(data)
+    count = math.prod(shape)
+    flat = _flatten(data, len(shape), where)
     if len(flat) != count:
         raise InvalidInput(f"{where} has {len(flat)} elements of data; its shape says {count}")
     if datatype == "BYTES":
         return flat
+    if not all(isinstance(v, int | float) for v in flat):
+        raise InvalidInput(f"{where}: data is not all {datatype} numbers")
     try:
         return np.asarray(flat, dtype=NUMPY_DTYPES[datatype])
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{where}: data is not all {datatype} numbers") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInput(f"{where}: data is not all {datatype} numbers in range") from None
 
 
 def _from_binary(chunk: memoryview, datatype: str, count: int,
@@ -207,10 +227,10 @@ def _requested_outputs(raw: object, config: ModelConfig,
     wanted: dict[str, bool] = {}
     for i, item in enumerate(raw):
         name = item.get("name") if isinstance(item, dict) else None
-        if name not in known:
-            raise InvalidInput(f"outputs[{i}]: model '{config.name}' has no output {name!r}; "
-                               f"its outputs are {', '.join(sorted(known))}")
-        assert isinstance(item, dict) and isinstance(name, str)
+        if not isinstance(name, str) or name not in known:  # a list or object is no name
+            raise InvalidInput(f"outputs[{i}]: model '{config.name}' has no output "
+                               f"{str(name)[:80]!r}; its outputs are {', '.join(sorted(known))}")
+        assert isinstance(item, dict)
         parameters = _parameters(item.get("parameters"), f"outputs[{i}].parameters")
         wanted[name] = bool(parameters.get("binary_data", binary_default))
     return wanted
@@ -254,3 +274,58 @@ def encode_infer_response(config: ModelConfig, version: str, request: InferReque
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+# -- model metadata and configuration -----------------------------------------------------------
+
+
+def model_metadata(config: ModelConfig, version: str) -> dict[str, object]:
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, object]]:
+        return [{"name": s.name, "datatype": s.datatype, "shape": [-1, *s.dims]} for s in specs]
+
+    return {"name": config.name, "versions": [version], "platform": _platform(config),
+            "inputs": tensors(config.inputs), "outputs": tensors(config.outputs)}
+
+
+def _platform(config: ModelConfig) -> str:
+    return "onnxruntime_onnx" if config.backend == "onnxruntime" else config.backend
+
+
+def triton_config(config: ModelConfig, threads: int) -> dict[str, object]:
+    """The model's configuration in Triton's JSON form (perf_analyzer reads it); an ensemble's
+    lists its steps, as Triton's `ensemble_scheduling` does."""
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[dict[str, object]]:
+        return [{"name": s.name, "data_type": TRITON_DATA_TYPES[s.datatype], "dims": list(s.dims)}
+                for s in specs]
+
+    common: dict[str, object] = {
+        "name": config.name,
+        "platform": _platform(config),
+        "max_batch_size": config.max_batch_size,
+        "input": tensors(config.inputs),
+        "output": tensors(config.outputs),
+    }
+    if config.ensemble is not None:
+        return {**common, "ensemble_scheduling": {"step": [
+            {"model_name": m, "model_version": -1} for m in config.ensemble.models()]}}
+    batching = config.dynamic_batching
+    return {
+        **common,
+        "backend": config.backend,
+        "dynamic_batching": {
+            "preferred_batch_size": list(batching.preferred_batch_size),
+            "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
+            "default_queue_policy": {
+                "max_queue_size": batching.max_queue_size,
+                "default_timeout_microseconds": batching.default_timeout_microseconds,
+            },
+            "max_batch_tokens": batching.max_batch_tokens,
+            "batch_overhead_tokens": batching.batch_overhead_tokens,
+        },
+        "instance_group": [{"count": config.instance_group.count, "kind": "KIND_CPU"}],
+        "response_cache": {"enable": config.response_cache.enable},
+        "parameters": {**{k: {"string_value": str(v)} for k, v in config.parameters.items()},
+                       "intra_op_thread_count": {"string_value": str(threads)}},
+        "model_warmup": [{"name": w.name, "batch_size": w.batch_size}
+                         for w in config.model_warmup],
+    }

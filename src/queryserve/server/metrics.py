@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from queryserve.repository import Model, ModelRepository
+from queryserve.pipelines.model import AnyModel as Model
+from queryserve.repository import ModelRepository
 from queryserve.scheduling.stats import Histogram
+from queryserve.server.http import Request, Response
+from queryserve.server.routing import Router, ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def add_routes(router: Router, state: ServerState) -> None:
+    async def metrics(request: Request) -> Response:
+        return Response(200, render_metrics(state.repository), CONTENT_TYPE)
+
+    router.add("GET", "/metrics", metrics)
 
 
 def render_metrics(repository: ModelRepository) -> bytes:
@@ -42,7 +52,7 @@ def render_metrics(repository: ModelRepository) -> bytes:
         family(name, "counter", help_text)
         lines.extend(f'{name}{{model="{m.name}"}} {value(m)}' for m in models)
     family("queryserve_queue_depth", "gauge", "Items waiting in the model's queue now.")
-    lines.extend(f'queryserve_queue_depth{{model="{m.name}"}} {m.pipeline.scheduler.queue_depth}'
+    lines.extend(f'queryserve_queue_depth{{model="{m.name}"}} {m.pipeline.queue_depth}'
                  for m in models)
     histograms: tuple[tuple[str, str, Callable[[Model], Histogram]], ...] = (
         ("queryserve_request_duration_seconds", "End-to-end time of successful requests.",

@@ -1,11 +1,22 @@
-"""Run the server: listen, load the repository off the loop, serve until a signal."""
+"""Run the server: listen, load the repository, serve until a signal, then drain.
+
+The lifecycle:
+- Listening starts first, so `/v2/health/live` answers while models load (off the loop);
+  `/v2/health/ready` answers 200 only once every model is loaded and warmed up.
+- SIGTERM or SIGINT: readiness answers 503 at once and the listener closes; every request
+  already accepted, and every item already queued, runs to the end (up to the drain timeout);
+  a busy keep-alive connection gets `connection: close` on its last answer, an idle one is
+  closed; then the process exits 0. A second signal exits at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,10 +24,13 @@ import uvloop
 
 from queryserve.errors import ServeError
 from queryserve.repository import ModelRepository
-from queryserve.server.app import Limits, ServerApp
-from queryserve.server.http import start_http_server
+from queryserve.server.app import ServerApp
+from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, start_http_server
+from queryserve.server.routing import Limits
 
 log = logging.getLogger("queryserve")
+
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +41,9 @@ class ServeOptions:
     cores: int | None = None
     """Cores the models' instances share; threads x instances never exceed it."""
     limits: Limits = field(default_factory=Limits)
-    drain_s: float = 10.0
-    """On SIGINT/SIGTERM, how long requests in flight get to finish."""
+    http: HttpLimits = field(default_factory=HttpLimits)
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
+    """On SIGTERM/SIGINT, how long accepted requests and queued items get to finish."""
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
@@ -36,45 +51,62 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     if options.cores is not None:
         repository.cores = options.cores
     app = ServerApp(repository, options.limits)
-    limits = options.limits
     try:
-        server = await start_http_server(app, options.host, options.port, limits.max_body_bytes,
-                                         limits.read_timeout_s, limits.idle_timeout_s)
+        server = await start_http_server(app, options.host, options.port, options.http)
     except OSError as exc:  # the port is taken, the address is not this machine's
-        repository.close()
         raise ServeError(f"cannot listen on {options.host}:{options.port}: "
                          f"{exc.strerror or exc}") from None
     log.info("listening on http://%s:%d (loading models from %s)", options.host, options.port,
              options.repository)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting now")
+            os._exit(128 + signum)
+        app.state.draining = True  # readiness turns 503 before anything else happens
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await loop.run_in_executor(None, repository.load_all)
-    await loop.run_in_executor(None, app.load_search)
-    # What loading made (tokenizers, the spell channel's tables, the catalog, the index's
-    # items) lives as long as the server. Frozen, the cyclic collector no longer walks it:
-    # one full pass over it took 43-57 ms in the middle of a search benchmark.
-    gc.collect()
-    gc.freeze()
-    app.loading = False
+        loop.add_signal_handler(sig, on_signal, sig)
+    loading = asyncio.ensure_future(repository.load_all())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if loading.done():
+        # What loading made (tokenizers, the spell channel's tables, the catalog, the index's
+        # items) lives as long as the server. Frozen, the cyclic collector no longer walks it:
+        # one full pass over it took 43-57 ms in the middle of a search benchmark.
+        gc.collect()
+        gc.freeze()
+        app.state.loading = False
+        _log_ready(repository)
+        if started is not None:
+            started.set()
+        await stopping
+    else:
+        loading.cancel()
+    began = time.monotonic()
+    log.info("draining: not ready, no new connections; up to %.0f s for accepted work",
+             options.drain_timeout_s)
+    unanswered = await server.shutdown(options.drain_timeout_s)
+    left_s = max(0.0, options.drain_timeout_s - (time.monotonic() - began))
+    await repository.close(left_s)
+    if unanswered:
+        log.warning("stopped after %.1f s: %d request(s) unanswered at the drain timeout",
+                    time.monotonic() - began, unanswered)
+    else:
+        log.info("stopped after %.2f s: every accepted request answered",
+                 time.monotonic() - began)
+
+
+def _log_ready(repository: ModelRepository) -> None:
     if repository.errors:  # /v2/health/ready answers 503 until they load
         log.warning("not ready: %s failed to load; serving %s",
                     ", ".join(sorted(repository.errors)),
                     ", ".join(sorted(repository.models)) or "no models")
     else:
         log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
-    if started is not None:
-        started.set()
-    await stop.wait()
-    log.info("shutting down: no new connections; %.0f s for requests in flight",
-             options.drain_s)
-    server.close()
-    try:
-        await asyncio.wait_for(server.wait_closed(), options.drain_s)
-    except TimeoutError:
-        log.warning("requests still in flight after %.0f s were dropped", options.drain_s)
-    repository.close()
 
 
 def serve(options: ServeOptions) -> None:

@@ -100,11 +100,11 @@ def run_eval_command(args: argparse.Namespace) -> None:
 def run_spell_train_command(args: argparse.Namespace) -> None:
     check_data(args.data)
     if args.task == "spell-channel":
-        from queryserve.spell.channel import build_channel_model
+        from queryserve.spell.channel_model import build_channel_model
 
         print(json.dumps(build_channel_model(args.out, args.data), indent=2))
         return
-    from queryserve.optimize.report import quiet_logs
+    from queryserve.progress import quiet_logs
     from queryserve.spell.train import Recipe, Shape, measure_speed, train_spell
 
     quiet_logs()

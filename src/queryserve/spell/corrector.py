@@ -1,48 +1,16 @@
-"""What a spelling corrector answers, and the trained model behind the same interface as the
-dictionary baseline: `correct(queries) -> [Correction]`."""
+"""Spelling correctors run in this process for evaluation, behind one interface with the
+dictionary baseline: `correct(queries) -> [Correction]` (`queryserve.api.Correction`, what the
+served correctors answer too)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from queryserve.types import Array
-
-
-@dataclass(frozen=True, slots=True)
-class Correction:
-    query: str
-    corrected: str
-    changed: bool
-    """Whether `corrected` differs from the query as typed, ignoring case and extra spaces."""
-    score: float
-    """The corrector's confidence in `corrected`, 0 to 1 (the model: the geometric mean of
-    its token probabilities; the dictionary baseline: always 1)."""
-
-    def as_json(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def normalized(query: str) -> str:
-    """How queries are compared: the model lower-cases, and spacing is not a spelling."""
-    return " ".join(query.lower().split())
-
-
-def correction(query: str, corrected: str, score: float) -> Correction:
-    """An empty generation corrects nothing: the query stands, as typed but normalized."""
-    corrected = corrected or normalized(query)
-    return Correction(query, corrected, corrected != normalized(query), score)
-
-
-def corrections(queries: Sequence[str], texts: Array,
-                scores: Array | None) -> list[Correction]:
-    """A served corrector's rows (its text output and, if it has one, its `score` output,
-    [n, 1] each) as corrections of `queries`; a model without scores is sure of itself."""
-    return [correction(q, str(text), float(scores[i, 0]) if scores is not None else 1.0)
-            for i, (q, text) in enumerate(zip(queries, texts, strict=True))]
+from queryserve.api import Correction, correction, normalized
 
 
 class Corrector(Protocol):
@@ -113,7 +81,7 @@ def open_corrector(folder: Path) -> Corrector:
                           "TRAINED_FOLDER --task seq2seq`")
     backend = load_model_config(folder / "model.yaml").backend
     if backend == "noisy_channel":
-        from queryserve.spell.channel import NoisyChannel
+        from queryserve.backends.noisy_channel.channel import NoisyChannel
 
         return NoisyChannel.load(folder)
     if backend == "ctranslate2":

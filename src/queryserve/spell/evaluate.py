@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from queryserve.spell.corrector import Corrector, normalized
+from queryserve.api import normalized
+from queryserve.backends.noisy_channel.noise import NoiseModel, align
+from queryserve.spell.corrector import Corrector
 from queryserve.spell.data import DATA, load_catalog, load_misspellings, load_words
-from queryserve.spell.noise import NoiseModel, align
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-from queryserve.spell.corrector import Correction
-from queryserve.spell.deletions import deletions
-from queryserve.spell.noise import align
+from queryserve.api import Correction
+from queryserve.backends.noisy_channel.deletions import deletions
+from queryserve.backends.noisy_channel.noise import align
 
 
 class SymSpell:

@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from queryserve.backends.noisy_channel.noise import NoiseModel
 from queryserve.errors import QueryServeError
 from queryserve.spell.data import DATA, clean_texts, load_catalog, load_misspellings
-from queryserve.spell.noise import NoiseModel
 
 SPECIALS = {"t5": ["<pad>", "</s>", "<unk>"],
             "bart": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]}  # each family's usual ids

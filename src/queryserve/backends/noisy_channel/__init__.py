@@ -23,7 +23,7 @@ class NoisyChannelBackend:
     input_names: tuple[str, ...] = (WORDS,)
 
     def __init__(self, config: ModelConfig) -> None:
-        from queryserve.spell.channel import FILE, NoisyChannel
+        from queryserve.backends.noisy_channel.channel import FILE, NoisyChannel
 
         path = config.path / FILE
         if not path.is_file():

@@ -6,7 +6,8 @@ pair from the two embeddings and a few string features. A batch of n pairs is on
 over its 2n texts, padded together; the head runs right after, on the same instance thread.
 
 The string features are computed with the tokenization, on the event loop (tens of
-microseconds a pair), and travel in the payload to the head.
+microseconds a pair), and travel in the payload to the head. The answer says, for each pair,
+whether it is a duplicate at the head's threshold (or the request's `threshold`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
+from queryserve.api import Inputs, PairScores, number_parameter
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
-from queryserve.duplicates.features import features_array
-from queryserve.duplicates.head import PairHead
 from queryserve.errors import InvalidInput
 from queryserve.pipelines.base import TextPipeline
+from queryserve.pipelines.pairs.features import features_array
+from queryserve.pipelines.pairs.head import PairHead
 from queryserve.pipelines.text_embedding import pad_token_ids
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
@@ -35,7 +37,7 @@ class Pair:
     features: Array  # features.FEATURES, for the head
 
 
-class PairScoring(TextPipeline[Pair, float]):
+class PairScoring(TextPipeline[Pair, float, PairScores]):
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
         super().__init__(config, backends, stats)
@@ -61,8 +63,14 @@ class PairScoring(TextPipeline[Pair, float]):
     def count(self, payload: Pair) -> int:
         return len(payload.left) + len(payload.right)
 
-    def stack(self, rows: Sequence[float]) -> Array:
-        return np.asarray(rows, dtype=np.float32).reshape(len(rows), 1)
+    def result(self, inputs: Inputs, rows: Sequence[float], tokens: int) -> PairScores:
+        threshold = number_parameter(inputs, "threshold", self.threshold, 0.0, 1.0)
+        probabilities = np.asarray(rows, dtype=np.float32)
+        return PairScores(probabilities, threshold, [bool(p >= threshold) for p in rows],
+                          tokens)
+
+    def tensors(self, result: PairScores) -> dict[str, Array]:
+        return {self.output_name: result.probabilities.reshape(-1, 1)}
 
     def warmup(self) -> None:
         for sample in self.config.model_warmup:

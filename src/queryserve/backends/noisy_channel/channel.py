@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from queryserve.spell.corrector import Correction, correction, normalized
-from queryserve.spell.deletions import DeletionIndex
-from queryserve.spell.noise import (
+from queryserve.api import Correction, correction, normalized
+from queryserve.backends.noisy_channel.deletions import DeletionIndex
+from queryserve.backends.noisy_channel.noise import (
     BUCKETS,
     MAX_EDITS,
     NoiseModel,
@@ -346,50 +346,3 @@ def _one_edit(word: str, letters: str) -> set[str]:
 def _logsumexp(values: Sequence[float]) -> float:
     top = max(values)
     return top + math.log(sum(math.exp(v - top) for v in values))
-
-
-MODEL_YAML = """\
-# {name}: the noisy-channel spelling corrector, learned by `queryserve train spell-channel`
-# from the repository's data (channel.json). Decoding is Python under the GIL: one instance.
-backend: noisy_channel
-pipeline: spelling
-max_batch_size: 32
-input:
-- {{name: text, datatype: BYTES, dims: [1]}}
-output:
-- {{name: generated_text, datatype: BYTES, dims: [1]}}
-- {{name: score, datatype: FP32, dims: [1]}}
-dynamic_batching: {{max_queue_delay_microseconds: 0, max_queue_size: 256}}
-instance_group: {{count: 1}}
-model_warmup:
-- {{name: one query, batch_size: 1, text: taylor swfit}}
-"""
-
-
-def build_channel_model(out: Path, data: Path, parameters: ChannelParameters | None = None
-                        ) -> dict[str, object]:
-    """A servable model folder (model.yaml + channel.json) learned from the training splits:
-    the catalog's training queries, the dictionary words (the misspelling corpus's lexicon and
-    common English words), the training misspellings' typo model, and web text's word
-    frequencies."""
-    from queryserve.spell.data import (
-        load_catalog,
-        load_misspellings,
-        load_web_words,
-        load_words,
-    )
-
-    parameters = parameters or ChannelParameters()
-    catalog, misspellings = load_catalog(data), load_misspellings(data)
-    tables = ChannelTables.learn(catalog.train, misspellings.lexicon + load_words(data),
-                                 NoiseModel.learn(misspellings.train), parameters,
-                                 web=load_web_words(parameters.web_min_zipf),
-                                 typos={typed for typed, _ in misspellings.train})
-    out.mkdir(parents=True, exist_ok=True)
-    path = tables.save(out)
-    (out / "model.yaml").write_text(MODEL_YAML.format(name=out.name))
-    return {"model": str(out), "words": len(tables.unigrams),
-            "bigram_contexts": len(tables.bigrams), "queries": len(catalog.train),
-            "misspellings": len(misspellings.train), "web_words": len(tables.web),
-            "bytes": path.stat().st_size,
-            "parameters": asdict(tables.parameters)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from queryserve.errors import ConfigError
-from queryserve.search.catalog import CATALOGS, Item, load_items
+from queryserve.pipelines.search.catalog import CATALOGS, Item, load_items
 from queryserve.types import Array
 
 EMBED_BATCH = 64
@@ -116,6 +117,7 @@ class CatalogIndex:
 
 
 def _faiss() -> Any:
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its INFO lines are noise
     import faiss
 
     # One thread: a search is one query on the event loop, and the model instances own the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from queryserve.duplicates.products import DuplicatesError
+from queryserve.errors import ConfigError
 from queryserve.types import Array
 
 FILE = "head.npz"
@@ -38,7 +38,7 @@ class PairHead:
     def load(cls, folder: Path) -> PairHead:
         path = folder / FILE
         if not path.is_file():
-            raise DuplicatesError(f"{path} is missing: a duplicates model folder holds the "
+            raise ConfigError(f"{path} is missing: a duplicates model folder holds the "
                                   "encoder and the head that `queryserve train duplicates` "
                                   "writes")
         with np.load(path) as saved:

@@ -1,0 +1,178 @@
+"""The model API's vocabulary: what a served model takes and what it answers.
+
+Every served model, the search ensemble included, has one awaitable entry point,
+`Model.infer(Inputs) -> result`, and each kind of model answers with one of the typed results
+below. The meaning of a model's output (the likeliest labels, a correction and whether it
+changed the query, a pair's decision at its threshold) is computed by the model, so every front
+end (KServe v2, OpenAI, the task routes) only encodes it.
+
+A leaf module: the backends, the pipelines, the front ends and the tools all import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from queryserve.errors import InvalidInput
+from queryserve.types import Array
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """One request's decoded inputs: validated, non-empty texts, one row each."""
+
+    texts: Sequence[str]
+    pairs: Sequence[str] | None = None
+    """The second text of each row, for a model that takes pairs (same length as `texts`)."""
+    parameters: Mapping[str, object] = field(default_factory=dict)
+    """Options of the model's kind, by name (`top_k`, `threshold`, `k`, `catalog`, `spell`);
+    a model ignores the ones it does not take, as KServe's request parameters are ignored."""
+    timeout_s: float | None = None
+    """How long the items may wait in the queue; None: the model's default."""
+
+
+# -- the typed results ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    vectors: Array
+    """[n, width] FP32, one unit vector per text."""
+    tokens: int
+    """Tokens the texts hold after truncation (OpenAI's `usage`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    name: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Classifications:
+    probabilities: Array
+    """[n, classes] FP32."""
+    top: list[list[Label]]
+    """Each text's `top_k` likeliest labels, likeliest first."""
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    query: str
+    corrected: str
+    changed: bool
+    """Whether `corrected` differs from the query as typed, ignoring case and extra spaces."""
+    score: float
+    """The corrector's confidence in `corrected`, 0 to 1 (the seq2seq model: the geometric mean
+    of its token probabilities; the noisy channel: the posterior; a dictionary: 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Corrections:
+    corrections: list[Correction]
+    generated: list[str]
+    """The model's own text for each query, as generated (empty when it generated nothing,
+    where the correction keeps the query): what KServe's output tensor carries."""
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PairScores:
+    probabilities: Array
+    """[n] FP32: the probability that each pair names one product."""
+    threshold: float
+    duplicates: list[bool]
+    """Each pair's decision: probability >= threshold."""
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    id: str
+    title: str
+    performer_or_brand: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearchAnswer:
+    query: str
+    corrected: str
+    changed: bool
+    spell_score: float
+    searched: str
+    """What was searched: the correction when sure enough, else the query as typed."""
+    intent: Label | None
+    """None without an intent step, or when that step could not answer in time (overloaded,
+    unloaded): the search answers without it."""
+    catalog: str
+    results: list[Hit]
+    timings_ms: dict[str, float]
+    skipped: list[str] = field(default_factory=list)
+    """Optional steps (spell, intent) that could not answer now, by model name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Searches:
+    answers: list[SearchAnswer]
+    tokens: int = 0
+
+
+Result = Embeddings | Classifications | Corrections | PairScores | Searches
+
+
+# -- what every text model shares ----------------------------------------------------------
+
+
+def normalized(query: str) -> str:
+    """How queries are compared: correctors lower-case, and spacing is not a spelling."""
+    return " ".join(query.lower().split())
+
+
+def correction(query: str, corrected: str, score: float) -> Correction:
+    """An empty generation corrects nothing: the query stands, as typed but normalized."""
+    corrected = corrected or normalized(query)
+    return Correction(query, corrected, corrected != normalized(query), score)
+
+
+def decode_texts(raw: Sequence[object], where: str) -> list[str]:
+    """Each item as text, checked before it is batched: UTF-8, not blank. Errors name the
+    item."""
+    texts = []
+    for i, item in enumerate(raw):
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidInput(f"{where}[{i}] is not valid UTF-8 text") from None
+        if not isinstance(item, str):
+            raise InvalidInput(f"{where}[{i}] must be a string, got {type(item).__name__}")
+        if not item.strip():
+            raise InvalidInput(f"{where}[{i}] is empty; send non-empty text")
+        texts.append(item)
+    return texts
+
+
+def integer_parameter(inputs: Inputs, name: str, default: int, low: int, high: int) -> int:
+    value = inputs.parameters.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"'{name}' must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def number_parameter(inputs: Inputs, name: str, default: float, low: float,
+                     high: float) -> float:
+    value = inputs.parameters.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not low <= value <= high:
+        raise InvalidInput(f"'{name}' must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def flag_parameter(inputs: Inputs, name: str, default: bool) -> bool:
+    value = inputs.parameters.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"'{name}' must be true or false, got {value!r}")
+    return value

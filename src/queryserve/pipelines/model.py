@@ -1,0 +1,97 @@
+"""A served model: its config, its pipeline and its statistics behind one call,
+`await model.infer(Inputs) -> result`.
+
+This is the model API every front end uses. The model records its own requests (count, outcome,
+latency), so a protocol added later cannot forget to; the search ensemble is a `Model` too, and
+its steps are counted on their own models, as Triton counts an ensemble's composing models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from queryserve.api import (
+    Classifications,
+    Corrections,
+    Embeddings,
+    Inputs,
+    PairScores,
+    Searches,
+)
+from queryserve.config import ModelConfig
+from queryserve.errors import InvalidInput
+from queryserve.scheduling.stats import ModelStats, request_recorded
+from queryserve.types import Array
+
+Res = TypeVar("Res")
+T = TypeVar("T")
+
+
+ANSWERS: dict[str, type] = {
+    "text_embedding": Embeddings,
+    "text_classification": Classifications,
+    "pair_scoring": PairScores,
+    "text2text": Corrections,
+    "spelling": Corrections,
+    "search": Searches,
+}
+"""What each `pipeline:` answers (`queryserve.api`): a front end asks for a model by it."""
+
+
+class Pipeline(Protocol[Res]):
+    """What a model runs: a text pipeline over a scheduler, or the search ensemble."""
+
+    config: ModelConfig
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    def warmup(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    async def infer(self, inputs: Inputs) -> Res: ...
+
+    def tensors(self, result: Res) -> dict[str, Array]: ...
+
+    def close(self) -> Awaitable[None]: ...
+
+    def abort(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Model(Generic[Res]):
+    config: ModelConfig
+    pipeline: Pipeline[Res]
+    stats: ModelStats
+    threads: int
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def ready(self) -> bool:
+        """Loaded and warmed up, and (an ensemble) every step loaded."""
+        return self.pipeline.ready()
+
+    async def infer(self, inputs: Inputs) -> Res:
+        with request_recorded(self.stats):
+            return await self.pipeline.infer(inputs)
+
+    def tensors(self, result: Res) -> dict[str, Array]:
+        """A result as the model's declared outputs, by name (KServe v2's tensors)."""
+        return self.pipeline.tensors(result)
+
+    def answering(self, kind: type[T], route: str) -> Model[T]:
+        """This model, typed as one whose `infer` answers `kind`; a model of another kind is
+        the client's mistake (it named the wrong model for the route)."""
+        if ANSWERS[self.config.pipeline] is not kind:
+            kinds = " and ".join(p for p, answer in ANSWERS.items() if answer is kind)
+            raise InvalidInput(f"model '{self.name}' is a {self.config.pipeline} model; {route} "
+                               f"serves {kinds} models only")
+        return self  # type: ignore[return-value]  # checked just above
+
+
+AnyModel = Model[Any]

@@ -1,0 +1,1 @@
+"""The search ensemble, with the catalog it searches and its vector index."""

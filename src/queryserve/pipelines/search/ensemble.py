@@ -1,0 +1,171 @@
+"""The search ensemble: spell -> embed -> ANN -> results, with intent alongside.
+
+Declared in the model repository as `search/pipeline.yaml` (`config.SearchSteps`): which served
+models do each step, where the vector index is, how many results by default. Each step is a
+call of the named model's own `infer`, so concurrent searches share batches with every other
+client of those models; intent runs while the corrected query is embedded and searched.
+
+Only `embed` is indispensable. A query the corrector does not take (too long), or a spell or
+intent step that cannot answer now (its queue is full, it is unloading), leaves the search to
+answer without that step, and the answer names the step in `skipped`: a search bar should
+degrade, not fail, when an optional model is overloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from queryserve.api import (
+    Classifications,
+    Corrections,
+    Embeddings,
+    Hit,
+    Inputs,
+    Label,
+    SearchAnswer,
+    Searches,
+    flag_parameter,
+    integer_parameter,
+)
+from queryserve.config import MAX_K, ModelConfig, SearchSteps
+from queryserve.errors import InvalidInput, QueryServeError, QueryTooLong, Unavailable
+from queryserve.pipelines.model import AnyModel
+from queryserve.pipelines.search.catalog import CATALOGS
+from queryserve.pipelines.search.index import CatalogIndex, load_index
+from queryserve.types import Array
+
+Lookup = Callable[[str], AnyModel]
+"""The repository's `get`: a step's model as it is now, so a reloaded step is used at once."""
+
+
+class SearchPipeline:
+    queue_depth = 0  # the steps queue, on their own models
+
+    def __init__(self, config: ModelConfig, lookup: Lookup) -> None:
+        assert config.ensemble is not None
+        self.config = config
+        self.steps: SearchSteps = config.ensemble
+        self.lookup = lookup
+        self.indexes: dict[str, CatalogIndex] = {}
+
+    def warmup(self) -> None:
+        """Every catalog's index into memory (vectors and HNSW graph: about 80 MB); loaded on
+        the first search instead, they would make that search slow."""
+        for catalog in CATALOGS:
+            self.indexes[catalog] = load_index(self.steps.index, catalog)
+
+    def ready(self) -> bool:
+        """Every step is loaded and ready."""
+        for name in self.steps.models():
+            try:
+                if not self.lookup(name).ready():
+                    return False
+            except QueryServeError:
+                return False
+        return True
+
+    def close(self) -> Awaitable[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)  # nothing queued here: the steps' queues drain on their models
+        return done
+
+    def abort(self) -> None:
+        pass
+
+    async def infer(self, inputs: Inputs) -> Searches:
+        """One search per text; `parameters` may set `k`, `catalog` and `spell` (false: search
+        the query as typed, "search instead for")."""
+        k = integer_parameter(inputs, "k", self.steps.k, 1, MAX_K)
+        catalog = inputs.parameters.get("catalog", CATALOGS[0])
+        if catalog not in CATALOGS:
+            raise InvalidInput(f"'catalog' is {str(catalog)[:80]!r}; expected one of "
+                               f"{', '.join(CATALOGS)}")
+        spell = flag_parameter(inputs, "spell", True)
+        index = self.indexes[str(catalog)]
+        answers = await asyncio.gather(*(self._search(q, k, index, spell, inputs.timeout_s)
+                                         for q in inputs.texts))
+        return Searches(list(answers))
+
+    def tensors(self, result: Searches) -> dict[str, Array]:
+        def column(values: list[str]) -> Array:
+            array = np.empty((len(values), 1), dtype=object)
+            array[:, 0] = values
+            return array
+
+        answers = result.answers
+        return {"corrected": column([a.corrected for a in answers]),
+                "intent": column([a.intent.name if a.intent else "" for a in answers]),
+                "results": column([orjson.dumps(a.results).decode() for a in answers])}
+
+    async def _search(self, query: str, k: int, index: CatalogIndex, spell: bool,
+                      timeout_s: float | None) -> SearchAnswer:
+        timings: dict[str, float] = {}
+        skipped: list[str] = []
+        started = time.perf_counter()
+        corrected, changed, score = query, False, 1.0
+        if self.steps.spell and spell:
+            fixed = await self._optional(self.steps.spell, Corrections, query, timeout_s,
+                                         skipped)
+            if fixed is not None:
+                first = fixed.corrections[0]
+                corrected, changed, score = first.corrected, first.changed, first.score
+                timings["spell"] = _ms(started)
+        searched = corrected if score >= self.steps.min_score else query
+        intent = (asyncio.ensure_future(self._intent(searched, timeout_s, skipped))
+                  if self.steps.intent else None)
+        try:
+            at = time.perf_counter()
+            embed = self.lookup(self.steps.embed).answering(Embeddings, "the search ensemble")
+            vector = (await embed.infer(Inputs([searched], timeout_s=timeout_s))).vectors[0]
+            timings["embed"] = _ms(at)
+        except BaseException:
+            if intent is not None:
+                intent.cancel()
+            raise
+        at = time.perf_counter()
+        found = index.search(vector, k)
+        timings["ann"] = _ms(at)
+        label = None
+        if intent is not None:
+            label, timings["intent"] = await intent
+            if label is None:
+                del timings["intent"]
+        timings["total"] = _ms(started)
+        return SearchAnswer(
+            query=query, corrected=corrected, changed=changed, spell_score=score,
+            searched=searched, intent=label, catalog=index.catalog,
+            results=[Hit(item.id, item.title, item.performer_or_brand, round(similarity, 4))
+                     for item, similarity in found],
+            timings_ms={name: round(ms, 3) for name, ms in timings.items()},
+            skipped=skipped)
+
+    async def _intent(self, text: str, timeout_s: float | None,
+                      skipped: list[str]) -> tuple[Label | None, float]:
+        started = time.perf_counter()
+        assert self.steps.intent is not None
+        found = await self._optional(self.steps.intent, Classifications, text, timeout_s,
+                                     skipped)
+        if found is None:
+            return None, 0.0
+        best = found.top[0][0]
+        return Label(best.name, round(best.score, 4)), _ms(started)
+
+    async def _optional(self, name: str, kind: type[Any], text: str, timeout_s: float | None,
+                        skipped: list[str]) -> Any:
+        """A step the search can do without: None when it cannot answer now."""
+        try:
+            model = self.lookup(name).answering(kind, "the search ensemble")
+            return await model.infer(Inputs([text], timeout_s=timeout_s))
+        except (Unavailable, QueryTooLong):
+            skipped.append(name)
+            return None
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000

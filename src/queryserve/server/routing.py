@@ -1,0 +1,115 @@
+"""Routing, and what every front end shares: the server's state, request limits, JSON in and
+out.
+
+A front end (one module per protocol) adds its routes to a `Router`: exact paths, or patterns
+whose named groups are passed to the handler. The router answers 404 for an unknown path and
+405, with Allow, for a known path asked with another method, so no handler checks its method.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from queryserve.api import decode_texts
+from queryserve.errors import InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge
+from queryserve.repository import ModelRepository
+from queryserve.server.http import Request, Response
+
+Handler = Callable[[Request], Awaitable[Response]]
+PatternHandler = Callable[..., Awaitable[Response]]
+"""Called with the request and the pattern's named groups as keyword arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_items: int = 1024
+    """Items in one request: the rows of its batch (a text, or a pair of texts for a pair
+    model), as Triton's batch dimension counts them."""
+
+
+@dataclass
+class ServerState:
+    """The server as every front end sees it."""
+
+    repository: ModelRepository
+    limits: Limits = field(default_factory=Limits)
+    loading: bool = True
+    """Until the repository's first load is done."""
+    draining: bool = False
+    """From the first SIGTERM/SIGINT: readiness answers 503 while accepted work finishes."""
+
+    def ready(self) -> bool:
+        return not self.loading and not self.draining and self.repository.ready()
+
+    def texts(self, raw: object, where: str) -> list[str]:
+        """A request's list of texts: a non-empty list within the item limit, each item
+        non-empty UTF-8 text."""
+        if not isinstance(raw, list):
+            raise InvalidInput(f"'{where}' must be a list of strings")
+        self.check_items(len(raw))
+        if not raw:
+            raise InvalidInput(f"'{where}' is empty; send at least one")
+        return decode_texts(raw, where)
+
+    def check_items(self, count: int) -> None:
+        if count > self.limits.max_items:
+            raise PayloadTooLarge(f"the request has {count} items; at most "
+                                  f"{self.limits.max_items} are allowed per request")
+
+
+class Router:
+    def __init__(self) -> None:
+        self.exact: dict[str, dict[str, Handler]] = {}
+        self.patterns: list[tuple[re.Pattern[str], dict[str, PatternHandler]]] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self.exact.setdefault(path, {})[method] = handler
+
+    def add_pattern(self, method: str, pattern: str, handler: PatternHandler) -> None:
+        for compiled, handlers in self.patterns:
+            if compiled.pattern == pattern:
+                handlers[method] = handler
+                return
+        self.patterns.append((re.compile(pattern), {method: handler}))
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        handlers = self.exact.get(path)
+        if handlers is not None:
+            handler = handlers.get(request.method)
+            if handler is None:
+                raise _not_allowed(request, handlers)
+            return await handler(request)
+        for pattern, by_method in self.patterns:
+            if match := pattern.fullmatch(path):
+                if request.method not in by_method:
+                    raise _not_allowed(request, by_method)
+                return await by_method[request.method](request, **match.groupdict())
+        raise NotFound(f"no route {request.method} {path[:200]}")
+
+
+def _not_allowed(request: Request, handlers: dict[str, Any]) -> MethodNotAllowed:
+    allowed = sorted(handlers)
+    return MethodNotAllowed(f"{request.method[:20]} is not allowed on {request.path[:200]}; "
+                            f"use {' or '.join(allowed)}", ", ".join(allowed))
+
+
+def json_response(payload: object, status: int = 200) -> Response:
+    """Dataclasses, numpy arrays and plain values as JSON (orjson serializes both natively)."""
+    return Response(status, orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def json_body(request: Request, example: str) -> dict[str, Any]:
+    """The body as a JSON object; anything else is a 400 that shows what to send."""
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput(f"the body must be a JSON object, e.g. {example}")
+    return body

@@ -1,0 +1,126 @@
+"""The task routes, JSON for people and web pages: `/v1/spell`, `/v1/intent`, `/v1/duplicates`,
+`/v1/search`.
+
+Each is decode -> `model.infer` -> encode: a JSON object with the request's texts and options,
+the model it names (`"model"`, or the route's default) checked to be of the route's kind, and
+the model's typed answer written out. What the answer means (the likeliest labels, whether a
+correction changed the query, a pair's decision at its threshold) the model has decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from queryserve.api import (
+    Classifications,
+    Corrections,
+    Inputs,
+    Label,
+    PairScores,
+    SearchAnswer,
+    Searches,
+)
+from queryserve.errors import InvalidInput
+from queryserve.pipelines.model import Model
+from queryserve.server.http import Request, Response
+from queryserve.server.routing import Router, ServerState, json_body, json_response
+
+T = TypeVar("T")
+
+SPELL = '{"queries": ["taylor swfit"]}'
+INTENT = '{"queries": ["wake me up at seven"], "top_k": 3}'
+DUPLICATES = ('{"pairs": [["sony cyber-shot dsc-w120 pink", '
+              '"sony dscw120p 7.2mp digital camera"]]}')
+SEARCH = '{"query": "taylor swfit", "k": 10, "catalog": "songs"}'
+
+
+def add_routes(router: Router, state: ServerState) -> None:
+    def model(body: dict[str, Any], default: str, kind: type[T], route: str) -> Model[T]:
+        name = body.get("model", default)
+        if not isinstance(name, str):
+            raise InvalidInput(f"'model' must name a model, e.g. \"{default}\"")
+        return state.repository.get(name).answering(kind, route)
+
+    def texts(body: dict[str, Any], field: str, example: str) -> list[str]:
+        if not isinstance(body.get(field), list):
+            raise InvalidInput(f'the body must be a JSON object with "{field}": a list, e.g. '
+                               f"{example}")
+        return state.texts(body[field], field)
+
+    def options(body: dict[str, Any], *names: str) -> dict[str, object]:
+        return {name: body[name] for name in names if name in body}
+
+    async def spell(request: Request) -> Response:
+        """`{"queries": [...]}` -> `{"corrections": [{query, corrected, changed, score}]}`, by
+        model `spell` or the spelling or text2text model named by `"model"`."""
+        body = json_body(request, SPELL)
+        corrector = model(body, "spell", Corrections, "/v1/spell")
+        result = await corrector.infer(Inputs(texts(body, "queries", SPELL)))
+        return json_response({"corrections": result.corrections})
+
+    async def intent(request: Request) -> Response:
+        """`{"queries": [...], "top_k": 3}` -> `{"results": [{"query", "intents": [{"intent",
+        "score"}]}]}`, the likeliest labels first."""
+        body = json_body(request, INTENT)
+        classifier = model(body, "intent", Classifications, "/v1/intent")
+        queries = texts(body, "queries", INTENT)
+        result = await classifier.infer(Inputs(queries, parameters=options(body, "top_k")))
+        return json_response({"results": [
+            {"query": q, "intents": _labels(top)}
+            for q, top in zip(queries, result.top, strict=True)]})
+
+    async def duplicates(request: Request) -> Response:
+        """`{"pairs": [[a, b], ...], "threshold"?}` -> `{"threshold", "results":
+        [{"probability", "duplicate"}]}`: whether each pair of product texts names one
+        product."""
+        body = json_body(request, DUPLICATES)
+        scorer = model(body, "duplicates", PairScores, "/v1/duplicates")
+        pairs = body.get("pairs")
+        if not isinstance(pairs, list):
+            raise InvalidInput(f'the body must be a JSON object with "pairs": a list of '
+                               f"[text, text] pairs, e.g. {DUPLICATES}")
+        state.check_items(len(pairs))
+        if not pairs:
+            raise InvalidInput(f"'pairs' is empty; send at least one pair, e.g. {DUPLICATES}")
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise InvalidInput(f"pairs[{i}] must be a list of two texts, got "
+                                   f"{str(pair)[:80]}")
+            state.texts(pair, f"pairs[{i}]")
+        result = await scorer.infer(Inputs([a for a, _ in pairs], [b for _, b in pairs],
+                                           options(body, "threshold")))
+        return json_response({"threshold": result.threshold, "results": [
+            {"probability": float(p), "duplicate": d}
+            for p, d in zip(result.probabilities, result.duplicates, strict=True)]})
+
+    async def search(request: Request) -> Response:
+        """`{"query", "k", "catalog", "spell"}` -> spell -> embed -> ANN, with intent
+        alongside: `{"query", "corrected", "changed", "spell_score", "searched", "intent",
+        "catalog", "results": [{"id", "title", "performer_or_brand", "score"}],
+        "timings_ms": {step: ms}, "skipped"}`."""
+        body = json_body(request, SEARCH)
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInput(f'the body must be a JSON object with "query": a non-empty '
+                               f"string, e.g. {SEARCH}")
+        searcher = model(body, "search", Searches, "/v1/search")
+        result = await searcher.infer(Inputs([query], parameters=options(
+            body, "k", "catalog", "spell")))
+        return json_response(_search_answer(result.answers[0]))
+
+    router.add("POST", "/v1/spell", spell)
+    router.add("POST", "/v1/intent", intent)
+    router.add("POST", "/v1/duplicates", duplicates)
+    router.add("POST", "/v1/search", search)
+
+
+def _labels(labels: Sequence[Label]) -> list[dict[str, object]]:
+    return [{"intent": label.name, "score": label.score} for label in labels]
+
+
+def _search_answer(a: SearchAnswer) -> dict[str, object]:
+    return {"query": a.query, "corrected": a.corrected, "changed": a.changed,
+            "spell_score": a.spell_score, "searched": a.searched,
+            "intent": _labels([a.intent])[0] if a.intent else None, "catalog": a.catalog,
+            "results": a.results, "timings_ms": a.timings_ms, "skipped": a.skipped}

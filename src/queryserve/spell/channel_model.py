@@ -1,0 +1,56 @@
+"""`queryserve train spell-channel`: learn the noisy-channel corrector from the repository's
+data into a servable model folder (`model.yaml` and `channel.json`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from queryserve.backends.noisy_channel.channel import ChannelParameters, ChannelTables
+from queryserve.backends.noisy_channel.noise import NoiseModel
+
+MODEL_YAML = """\
+# {name}: the noisy-channel spelling corrector, learned by `queryserve train spell-channel`
+# from the repository's data (channel.json). Decoding is Python under the GIL: one instance.
+backend: noisy_channel
+pipeline: spelling
+max_batch_size: 32
+input:
+- {{name: text, datatype: BYTES, dims: [1]}}
+output:
+- {{name: generated_text, datatype: BYTES, dims: [1]}}
+- {{name: score, datatype: FP32, dims: [1]}}
+dynamic_batching: {{max_queue_delay_microseconds: 0, max_queue_size: 256}}
+instance_group: {{count: 1}}
+model_warmup:
+- {{name: one query, batch_size: 1, text: taylor swfit}}
+"""
+
+
+def build_channel_model(out: Path, data: Path, parameters: ChannelParameters | None = None
+                        ) -> dict[str, object]:
+    """A servable model folder (model.yaml + channel.json) learned from the training splits:
+    the catalog's training queries, the dictionary words (the misspelling corpus's lexicon and
+    common English words), the training misspellings' typo model, and web text's word
+    frequencies."""
+    from queryserve.spell.data import (
+        load_catalog,
+        load_misspellings,
+        load_web_words,
+        load_words,
+    )
+
+    parameters = parameters or ChannelParameters()
+    catalog, misspellings = load_catalog(data), load_misspellings(data)
+    tables = ChannelTables.learn(catalog.train, misspellings.lexicon + load_words(data),
+                                 NoiseModel.learn(misspellings.train), parameters,
+                                 web=load_web_words(parameters.web_min_zipf),
+                                 typos={typed for typed, _ in misspellings.train})
+    out.mkdir(parents=True, exist_ok=True)
+    path = tables.save(out)
+    (out / "model.yaml").write_text(MODEL_YAML.format(name=out.name))
+    return {"model": str(out), "words": len(tables.unigrams),
+            "bigram_contexts": len(tables.bigrams), "queries": len(catalog.train),
+            "misspellings": len(misspellings.train), "web_words": len(tables.web),
+            "bytes": path.stat().st_size,
+            "parameters": asdict(tables.parameters)}

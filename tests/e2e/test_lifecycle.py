@@ -1,0 +1,193 @@
+"""The server's lifecycle from a real client: SIGTERM drains, a second signal exits, reload and
+unload under load lose nothing, one large request cannot lock a model out.
+
+A real server on 127.0.0.1 with fake models (a configurable compute time per batch), so the
+timing of each fault is under the test's control; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import RunningServer, start_server, stop_server, write_fake_model
+
+
+def infer_body(*texts: str) -> dict[str, object]:
+    return {"inputs": [{"name": "text", "shape": [len(texts), 1], "datatype": "BYTES",
+                        "data": list(texts)}]}
+
+
+def raw_request(method: str, path: str, body: bytes = b"") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def read_responses(sock: socket.socket, count: int, timeout_s: float = 15) -> list[bytes]:
+    """The next `count` responses on a raw connection (heads with their bodies), in order."""
+    sock.settimeout(timeout_s)
+    data, answers = b"", []
+    while len(answers) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = data[:head_end].decode("latin-1").lower()
+            length = int(head.split("content-length: ")[1].split("\r\n")[0])
+            if len(data) >= head_end + 4 + length:
+                answers.append(data[:head_end + 4 + length])
+                data = data[head_end + 4 + length:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return answers
+
+
+def test_sigterm_answers_every_accepted_request_then_exits_0(tmp_path: Path) -> None:
+    write_fake_model(tmp_path, "slow", max_batch_size=1, max_queue_size=64, delay_ms=100)
+    server = start_server(tmp_path, tmp_path / "server.log")
+    body = httpx.Request("POST", "http://x/", json=infer_body("queued")).read()
+
+    async def load() -> list[int | str]:
+        limits = httpx.Limits(max_connections=30)
+        async with httpx.AsyncClient(base_url=server.url, timeout=20, limits=limits) as client:
+            requests = [asyncio.ensure_future(
+                client.post("/v2/models/slow/infer", json=infer_body(f"query {i}")))
+                for i in range(20)]
+            await asyncio.sleep(0.5)  # all sent and accepted; about 5 answered (100 ms each)
+            # A pipelined readiness probe behind a queued request, on a connection of its own.
+            probe = socket.create_connection(("127.0.0.1", server.port))
+            probe.sendall(raw_request("POST", "/v2/models/slow/infer", body)
+                          + raw_request("GET", "/v2/health/ready"))
+            await asyncio.sleep(0.1)
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            outcomes: list[int | str] = []
+            for response in await asyncio.gather(*requests, return_exceptions=True):
+                outcomes.append(response.status_code if isinstance(response, httpx.Response)
+                                else type(response).__name__)
+            answers = await asyncio.to_thread(read_responses, probe, 2)
+            probe.close()
+            assert time.monotonic() - signalled < 10
+            assert len(answers) == 2 and answers[0].startswith(b"HTTP/1.1 200")
+            # Readiness turned 503 at the signal; the last answer closes the connection.
+            assert answers[1].startswith(b"HTTP/1.1 503"), answers[1]
+            assert b"connection: close" in answers[1].lower()
+            return outcomes
+
+    try:
+        outcomes = asyncio.run(load())
+        assert outcomes == [200] * 20
+        assert server.process.wait(timeout=15) == 0
+        log = server.log_text()
+        assert "every accepted request answered" in log and "Traceback" not in log
+        with pytest.raises(httpx.TransportError):  # the listener is closed
+            httpx.get(f"{server.url}/v2/health/live", timeout=2)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    write_fake_model(tmp_path, "stuck", max_batch_size=1, delay_ms=5000)
+    server = start_server(tmp_path, tmp_path / "server.log")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(raw_request("POST", "/v2/models/stuck/infer",
+                                     httpx.Request("POST", "http://x/",
+                                                   json=infer_body("x")).read()))
+            time.sleep(0.3)
+            server.process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            assert server.process.poll() is None  # draining: the 5 s request still runs
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGINT)
+            assert server.process.wait(timeout=5) == 128 + signal.SIGINT
+            assert time.monotonic() - started < 2
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+
+
+@pytest.fixture
+def fake_server(tmp_path: Path) -> Iterator[RunningServer]:
+    write_fake_model(tmp_path, "fast", max_batch_size=8, max_queue_size=256)
+    write_fake_model(tmp_path, "slow", max_batch_size=1, max_queue_size=64, delay_ms=200)
+    write_fake_model(tmp_path, "turns", max_batch_size=4, max_queue_size=16, delay_ms=40)
+    server = start_server(tmp_path, tmp_path / "server.log")
+    yield server
+    stop_server(server)
+
+
+def test_reload_under_load_fails_no_request(fake_server: RunningServer) -> None:
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=fake_server.url, timeout=10) as http:
+            while not stop.is_set():
+                statuses.append(http.post("/v2/models/fast/infer",
+                                          json=infer_body("steady")).status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        with httpx.Client(base_url=fake_server.url, timeout=30) as admin:
+            for _ in range(5):
+                assert admin.post("/v2/repository/models/fast/load").status_code == 200
+                time.sleep(0.1)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        assert len(statuses) > 20 and set(statuses) == {200}
+        assert fake_server.log_text().count("model 'fast' retired") >= 4
+    finally:
+        stop.set()
+
+
+def test_unload_runs_the_queue_then_answers_503_with_retry_after(
+        fake_server: RunningServer) -> None:
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=20) as client:
+            queued = [asyncio.ensure_future(
+                client.post("/v2/models/slow/infer", json=infer_body(f"queued {i}")))
+                for i in range(5)]
+            await asyncio.sleep(0.3)  # one running (200 ms each), the rest queued
+            assert (await client.post("/v2/repository/models/slow/unload")).status_code == 200
+            later = await client.post("/v2/models/slow/infer", json=infer_body("too late"))
+            assert later.status_code == 503 and "is not loaded" in later.json()["error"]
+            assert later.headers["retry-after"] == "1"
+            assert [r.status_code for r in await asyncio.gather(*queued)] == [200] * 5
+
+    asyncio.run(run())
+
+
+def test_one_large_request_does_not_lock_out_the_others(fake_server: RunningServer) -> None:
+    """Regression: an empty queue admitted a request of any size, so while it ran every other
+    request found the queue full (503). Now it is queued in turns of a batch per instance."""
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as client:
+            large = asyncio.ensure_future(client.post(
+                "/v2/models/turns/infer", json=infer_body(*[f"item {i}" for i in range(200)])))
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            small = await asyncio.gather(*(
+                client.post("/v2/models/turns/infer", json=infer_body(f"small {i}"))
+                for i in range(10)))
+            small_s = time.monotonic() - started
+            assert [r.status_code for r in small] == [200] * 10
+            assert not large.done()  # 50 batches of 40 ms: the small ones went between turns
+            assert small_s < 1.5
+            answer = await large
+            assert answer.status_code == 200 and answer.json()["outputs"][0]["shape"][0] == 200
+
+    asyncio.run(run())

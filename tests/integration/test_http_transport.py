@@ -1,0 +1,368 @@
+"""The HTTP/1.1 transport, in process on 127.0.0.1 under uvloop, driven by raw sockets and
+streams as real (and abusive) clients drive it.
+
+Each test runs its body with `uvloop.run`, as the server does, under an overall deadline; every
+limit is set short (a second or less), so the whole file takes a few seconds and stops by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+import uvloop
+
+from queryserve.server.http import (
+    FEED_BYTES,
+    MAX_PIPELINED,
+    HttpLimits,
+    HttpServer,
+    Request,
+    Response,
+    start_http_server,
+)
+
+TEST_DEADLINE_S = 15.0
+IMF_FIXDATE = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug"
+                         r"|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d:\d\d GMT$")
+
+Body = Callable[[], Coroutine[Any, Any, None]]
+
+
+def on_uvloop(body: Body) -> Callable[[], None]:
+    """Run an async test body on a fresh uvloop loop, bounded by TEST_DEADLINE_S."""
+
+    def test() -> None:
+        uvloop.run(asyncio.wait_for(body(), TEST_DEADLINE_S))
+
+    test.__doc__ = body.__doc__
+    return test
+
+
+class Echo:
+    """The handler: echoes the request; `?sleep=S` waits S seconds, `?pad=N` adds N bytes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled = 0
+
+    async def __call__(self, request: Request) -> Response:
+        self.calls += 1
+        query = dict(parse_qsl(request.query))
+        if "sleep" in query:
+            try:
+                await asyncio.sleep(float(query["sleep"]))
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return Response(200, orjson.dumps({
+            "method": request.method, "path": request.path, "query": request.query,
+            "body": request.body.decode(), "pad": "x" * int(query.get("pad", 0))}))
+
+
+@asynccontextmanager
+async def serving(handler: Echo, **limits: Any) -> AsyncIterator[tuple[HttpServer, int]]:
+    server = await start_http_server(handler, "127.0.0.1", 0, HttpLimits(**limits))
+    try:
+        yield server, server.listener.sockets[0].getsockname()[1]
+    finally:
+        await server.shutdown(1.0)
+
+
+async def read_response(reader: asyncio.StreamReader,
+                        head: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """One response: status, headers (lower-case names), body."""
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.lower()] = value.strip()
+    length = 0 if head else int(headers.get("content-length", "0"))
+    return int(lines[0].split()[1]), headers, await reader.readexactly(length)
+
+
+async def closed(reader: asyncio.StreamReader, within_s: float) -> bool:
+    """Whether the server closes the connection (EOF or reset) within `within_s`."""
+    try:
+        return await asyncio.wait_for(reader.read(), within_s) == b""
+    except ConnectionResetError:
+        return True
+
+
+def get(target: str, *headers: str) -> bytes:
+    return ("\r\n".join([f"GET {target} HTTP/1.1", "host: t", *headers]) + "\r\n\r\n").encode()
+
+
+# -- what already worked ----------------------------------------------------------------------
+
+@on_uvloop
+async def test_pipelined_requests_answered_in_order_each_with_a_date() -> None:
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/a%20b?x=1") + get("/two") + b"HEAD /three HTTP/1.1\r\nhost: t\r\n\r\n")
+        first = await read_response(reader)
+        second = await read_response(reader)
+        status, headers, body = await read_response(reader, head=True)
+        assert orjson.loads(first[2])["path"] == "/a b"  # percent-decoded
+        assert orjson.loads(first[2])["query"] == "x=1"
+        assert orjson.loads(second[2])["path"] == "/two"
+        assert (status, body) == (200, b"") and int(headers["content-length"]) > 0  # HEAD
+        for _, response_headers, _ in (first, second, (status, headers, body)):
+            assert IMF_FIXDATE.match(response_headers["date"]), response_headers["date"]
+            assert "connection" not in response_headers  # kept alive
+        writer.close()
+
+
+@on_uvloop
+async def test_expect_100_continue_then_body() -> None:
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n"
+                     b"expect: 100-continue\r\n\r\n")
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        status, _, body = await read_response(reader)
+        assert (status, orjson.loads(body)["body"]) == (200, "hello")
+        writer.close()
+
+
+@on_uvloop
+async def test_upgrade_answered_as_plain_http_then_closed() -> None:
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/", "connection: upgrade", "upgrade: websocket") + b"\x00garbage")
+        status, headers, _ = await read_response(reader)
+        assert (status, headers["connection"]) == (200, "close")
+        assert await closed(reader, 1.0)
+
+
+@on_uvloop
+async def test_read_timeout_408_and_idle_timeout_close() -> None:
+    async with serving(Echo(), read_timeout_s=0.3, idle_timeout_s=0.3) as (_, port):
+        stalled, stalled_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle_writer.write(get("/"))
+        await read_response(idle)
+        stalled_writer.write(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nhalf")
+        status, headers, _ = await asyncio.wait_for(read_response(stalled), 2.0)
+        assert (status, headers["connection"]) == (408, "close")
+        assert await closed(stalled, 1.0)
+        assert await closed(idle, 1.0)
+
+
+@on_uvloop
+async def test_client_leaving_cancels_its_running_request() -> None:
+    handler = Echo()
+    async with serving(handler) as (server, port):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/?sleep=5"))
+        while handler.calls == 0:
+            await asyncio.sleep(0.01)
+        writer.transport.abort()
+        while handler.cancelled == 0 or server.connections:
+            await asyncio.sleep(0.01)
+
+
+# -- client bytes that used to escape as exceptions -------------------------------------------
+
+@on_uvloop
+async def test_content_length_superscript_two_is_400_naming_it() -> None:
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write("POST / HTTP/1.1\r\nhost: t\r\ncontent-length: ²\r\n\r\n".encode())
+        status, _, body = await read_response(reader)
+        assert status == 400 and b"Content-Length" in body, body
+        assert await closed(reader, 1.0)
+
+
+@on_uvloop
+async def test_odd_request_targets_are_answered_not_crashed() -> None:
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("http://example.com"))  # absolute form without a path: "/"
+        status, _, body = await read_response(reader)
+        assert (status, orjson.loads(body)["path"]) == (200, "/")
+        writer.write(b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com\r\n\r\n")
+        status, _, _ = await read_response(reader)
+        assert status == 400
+        assert await closed(reader, 1.0)
+
+
+# -- limits enforced as bytes arrive ----------------------------------------------------------
+
+@on_uvloop
+async def test_slowloris_head_gets_408_at_the_header_deadline() -> None:
+    async with serving(Echo(), header_timeout_s=1.0) as (_, port):
+        start = time.monotonic()
+        silent, _silent_writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nx-slow: ")
+
+        async def drip() -> None:
+            while True:  # one byte at a time, never finishing the head
+                await asyncio.sleep(0.2)
+                writer.write(b"a")
+
+        dripping = asyncio.create_task(drip())
+        status, headers, _ = await asyncio.wait_for(read_response(reader), 3.0)
+        elapsed = time.monotonic() - start
+        dripping.cancel()
+        assert (status, headers["connection"]) == (408, "close")
+        assert 0.9 <= elapsed < 2.0, elapsed
+        assert await closed(reader, 1.0)
+        assert await closed(silent, 1.0)  # nothing sent at all: closed at the same deadline
+        assert time.monotonic() - start < 2.0
+
+
+@on_uvloop
+async def test_long_url_414_while_it_streams() -> None:
+    async with serving(Echo(), max_url_bytes=1024) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /" + b"a" * 4096)  # the request line never ends
+        status, _, _ = await asyncio.wait_for(read_response(reader), 1.0)
+        assert status == 414
+        assert await closed(reader, 1.0)
+
+
+@on_uvloop
+async def test_header_line_of_megabytes_without_newline_431_fast() -> None:
+    async with serving(Echo()) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        start = time.monotonic()
+
+        async def flood() -> None:
+            writer.write(b"GET / HTTP/1.1\r\nx-big: ")
+            try:
+                for _ in range(64):  # 16 MB in all, no newline
+                    writer.write(b"a" * (256 * 1024))
+                    await writer.drain()
+            except ConnectionError:
+                pass  # the server has hung up, as it should
+
+        flooding = asyncio.create_task(flood())
+        status, headers, _ = await asyncio.wait_for(read_response(reader), 2.0)
+        assert (status, headers["connection"]) == (431, "close")
+        assert await closed(reader, 1.0)
+        assert time.monotonic() - start < 1.5
+        await asyncio.wait_for(flooding, 2.0)
+        while server.connections:
+            await asyncio.sleep(0.01)
+
+
+@on_uvloop
+async def test_trailer_line_of_megabytes_without_newline_431_fast() -> None:
+    async with serving(Echo()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        start = time.monotonic()
+        writer.write(b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"2\r\nhi\r\n0\r\nx-trailer: " + b"a" * (4 * 1024 * 1024))
+        status, _, _ = await asyncio.wait_for(read_response(reader), 2.0)
+        assert status == 431
+        assert await closed(reader, 1.0)
+        assert time.monotonic() - start < 1.5
+
+
+@on_uvloop
+async def test_max_connections_refuses_new_ones_and_serves_the_rest() -> None:
+    async with serving(Echo(), max_connections=2) as (server, port):
+        first = await asyncio.open_connection("127.0.0.1", port)
+        second = await asyncio.open_connection("127.0.0.1", port)
+        for reader, writer in (first, second):
+            writer.write(get("/"))
+            assert (await read_response(reader))[0] == 200
+        over, _over_writer = await asyncio.open_connection("127.0.0.1", port)
+        status, headers, _ = await read_response(over)
+        assert (status, headers["connection"], headers["retry-after"]) == (503, "close", "1")
+        assert await closed(over, 1.0)
+        assert (server.refused, server.connections) == (1, 2)
+        first[1].write(get("/still"))  # a connection under the cap is still served
+        assert (await read_response(first[0]))[0] == 200
+        second[1].close()
+        while server.connections > 1:
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/"))
+        assert (await read_response(reader))[0] == 200  # room again
+        assert server.refused == 1
+
+
+@on_uvloop
+async def test_pipelining_without_reading_runs_a_bounded_number_of_requests() -> None:
+    handler = Echo()
+    async with serving(handler) as (server, port):
+        loop = asyncio.get_running_loop()
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.setblocking(False)
+        await loop.sock_connect(client, ("127.0.0.1", port))
+        sending = asyncio.create_task(loop.sock_sendall(client, get("/?pad=4096") * 20_000))
+        calls, steady_since = -1, time.monotonic()
+        while time.monotonic() - steady_since < 0.3:  # until the handler stops being called
+            await asyncio.sleep(0.05)
+            if handler.calls != calls:
+                calls, steady_since = handler.calls, time.monotonic()
+        print(f"handler calls: {calls} of 20000")
+        assert 0 < calls < 5_000, calls  # each answer is 4 KiB; the client reads none
+        (connection,) = server.live
+        assert connection.write_paused and connection.read_paused
+        assert len(connection.pending) <= MAX_PIPELINED + FEED_BYTES // 20
+        assert len(connection.unparsed) <= 512 * 1024
+        sending.cancel()  # (the kernel's buffers may have taken all 700 KB: they are not ours)
+        client.close()  # everything is freed once the client goes
+        while server.connections:
+            await asyncio.sleep(0.01)
+        assert handler.calls == calls
+
+
+# -- draining shutdown ------------------------------------------------------------------------
+
+@on_uvloop
+async def test_shutdown_answers_what_was_read_and_closes_idle_at_once() -> None:
+    handler = Echo()
+    async with serving(handler) as (server, port):
+        busy, busy_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle_writer.write(get("/"))
+        await read_response(idle)
+        busy_writer.write(get("/1?sleep=0.2") + get("/2?sleep=0.1") + get("/3"))
+        while handler.calls < 2:
+            await asyncio.sleep(0.01)
+        start = time.monotonic()
+        shutting = asyncio.create_task(server.shutdown(5.0))
+        assert await closed(idle, 0.1)
+        try:
+            await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+            raise AssertionError("the listener still accepts connections")
+        except ConnectionRefusedError:
+            pass
+        answers = [await read_response(busy) for _ in range(3)]
+        assert [orjson.loads(body)["path"] for _, _, body in answers] == ["/1", "/2", "/3"]
+        assert [headers.get("connection") for _, headers, _ in answers] == [None, None, "close"]
+        assert await closed(busy, 1.0)
+        assert await shutting == 0
+        assert time.monotonic() - start < 1.5
+        assert server.connections == 0
+
+
+@on_uvloop
+async def test_shutdown_deadline_returns_the_requests_left_unanswered() -> None:
+    handler = Echo()
+    async with serving(handler) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/?sleep=5") + get("/?sleep=5") + get("/"))
+        while handler.calls < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the pipelined two are parsed and waiting
+        start = time.monotonic()
+        assert await server.shutdown(0.3) == 3
+        assert 0.3 <= time.monotonic() - start < 1.0
+        assert await closed(reader, 1.0)
+        assert server.connections == 0 and handler.cancelled == 1
