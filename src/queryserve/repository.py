@@ -10,7 +10,8 @@ The lifecycle, as the server runs it:
   schedulers. Requests that already hold the old model finish on it; new ones get the new one.
 - The retired model closes: it takes no more work and runs its queue to the end, then its
   sessions are released and the cycle it forms with its scheduler is collected at once (after
-  `gc.freeze()` the collector's full passes are rare, and each reload kept ~50 MB alive).
+  `gc.freeze()` the collector's full passes are rare, and each reload kept ~50 MB alive);
+  `heap.trim` hands the freed pages back to the OS.
 - `unload` retires the same way; later requests get a 503 (it exists, not loaded) with
   Retry-After.
 A model name is a folder of the repository: `config.MODEL_NAME`, checked before any path is
@@ -20,9 +21,6 @@ made, so nothing outside the repository can be loaded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -30,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from queryserve import heap
 from queryserve.backends import create_backend
 from queryserve.config import (
     ENSEMBLE_FILE,
@@ -223,16 +222,4 @@ RELEASE_DELAY_S = 1.0
 
 def _collect() -> None:
     gc.collect()
-    _trim_heap()
-
-
-_LIBC = ctypes.util.find_library("c")
-
-
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them in its arenas otherwise: a
-    released model's ~50 MB would stay in the process's RSS)."""
-    if _LIBC is None:
-        return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL(_LIBC).malloc_trim(0)
+    heap.trim()

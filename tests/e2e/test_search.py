@@ -134,6 +134,29 @@ def test_search_is_a_kserve_ensemble_model(real_server: RunningServer) -> None:
     assert missing.status_code == 400 and "query" in missing.json()["error"]
 
 
+def test_search_answers_without_an_optional_step_that_cannot(
+        real_server: RunningServer) -> None:
+    """Regression: search failed as a whole (503) when its intent step was overloaded. A step
+    that cannot answer now (overloaded, or here unloaded) is skipped and named."""
+    url = real_server.url
+    query = {"query": "taylor swfit shak it off", "k": 3}
+    assert httpx.post(f"{url}/v2/repository/models/intent/unload").status_code == 200
+    try:
+        answer = httpx.post(f"{url}/v1/search", json=query, timeout=30)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["intent"] is None and body["skipped"] == ["intent"]
+        assert "intent" not in body["timings_ms"]
+        assert body["corrected"] == "taylor swift shake it off"
+        assert body["results"][0]["title"] == "Shake It Off"
+        assert httpx.get(f"{url}/v2/models/search/ready").status_code == 400  # a step is out
+    finally:
+        assert httpx.post(f"{url}/v2/repository/models/intent/load",
+                          timeout=120).status_code == 200
+    again = httpx.post(f"{url}/v1/search", json=query, timeout=30).json()
+    assert again["intent"] is not None and again["skipped"] == []
+
+
 def test_pages_are_served_by_the_server_itself(real_server: RunningServer) -> None:
     page = httpx.get(f"{real_server.url}/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

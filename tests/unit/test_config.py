@@ -4,7 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from queryserve.config import load_model_config
+from queryserve.config import (
+    is_model_name,
+    load_config,
+    load_ensemble_config,
+    load_model_config,
+)
 from queryserve.errors import ConfigError
 
 VALID = """
@@ -77,3 +82,63 @@ def test_missing_required_field(tmp_path: Path) -> None:
 def test_not_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_model_config(write(tmp_path, "backend: [unclosed\n"))
+
+
+def write_ensemble(tmp_path: Path, text: str) -> Path:
+    folder = tmp_path / "search"
+    folder.mkdir(exist_ok=True)
+    path = folder / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_search_ensemble_is_read_as_a_model(tmp_path: Path) -> None:
+    config = load_ensemble_config(write_ensemble(
+        tmp_path, "spell: spell\nembed: embed\nintent: intent\nk: 5\nmin_score: 0.7\n"))
+    assert config.name == "search" and config.backend == "ensemble"
+    assert [t.name for t in config.inputs] == ["query"]
+    assert [t.name for t in config.outputs] == ["corrected", "intent", "results"]
+    assert config.ensemble is not None
+    assert config.ensemble.models() == ("spell", "embed", "intent")
+    assert config.ensemble.k == 5 and config.ensemble.min_score == 0.7
+    assert config.ensemble.index == tmp_path / "search" / "index"
+    assert load_config(tmp_path / "search") == config
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("spell: spell\n", "missing required field 'embed'"),
+    ("embed: embed\nk: 0\n", "field 'k' is 0; expected an integer from 1 to 100"),
+    ("embed: embed\nmin_score: high\n", "field 'min_score' is 'high'; expected a number"),
+    ("embed: embed\nranker: x\n", "unknown field 'ranker'"),
+    ("embed: ../embed\n", "field 'embed' is '../embed'; expected a model name"),
+    ("embed: embed\nindex: /etc\n", "field 'index' is '/etc'; expected the name of a folder"),
+    ("embed: [embed\n", "not valid YAML"),
+    ("1: x\nembed: embed\n", "unknown field '1'"),
+    ("- embed\n", "field '(top level)' is ['embed']; expected a mapping"),
+])
+def test_a_malformed_ensemble_is_one_line_naming_file_field_and_value(
+        tmp_path: Path, text: str, message: str) -> None:
+    path = write_ensemble(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_ensemble_config(path)
+    assert message in error.value.message and str(path) in error.value.message
+    assert "\n" not in error.value.message
+
+
+@pytest.mark.parametrize(("name", "valid"), [
+    ("embed", True), ("spell-seq2seq", True), ("a.b_c", True), ("9", True),
+    ("..", False), (".hidden", False), ("a/b", False), ("", False), ("-x", False),
+    ("m" * 128, True), ("m" * 129, False), ("é", False),
+])
+def test_model_names_are_folder_names_never_paths(name: str, valid: bool) -> None:
+    assert is_model_name(name) is valid
+
+
+def test_unknown_backend_or_pipeline_is_an_error_never_a_fake(tmp_path: Path) -> None:
+    for field, value in (("backend", "torch"), ("pipeline", "ranking")):
+        text = VALID.replace("backend: onnxruntime", "backend: onnxruntime\npipeline: "
+                             "text_embedding") if field == "pipeline" else VALID
+        text = text.replace(f"{field}: " + ("onnxruntime" if field == "backend"
+                                           else "text_embedding"), f"{field}: {value}")
+        with pytest.raises(ConfigError, match=f"field '{field}' is '{value}'; expected one of"):
+            load_model_config(write(tmp_path, text))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import uvloop
 
+from queryserve import heap
 from queryserve.errors import ServeError
 from queryserve.repository import ModelRepository
 from queryserve.server.app import ServerApp
@@ -110,4 +111,5 @@ def _log_ready(repository: ModelRepository) -> None:
 
 
 def serve(options: ServeOptions) -> None:
+    heap.cap_arenas(options.cores or len(os.sched_getaffinity(0)))  # before any thread starts
     uvloop.run(serve_async(options))

@@ -1,0 +1,88 @@
+"""The package's imports run one way: down the layers the README's "Architecture" draws, with no
+circle. Every import counts, those inside functions too (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "queryserve"
+
+# Lowest first: a module may import its own layer and the ones below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("api", "errors", "types", "progress", "arguments", "heap", "__init__"),
+    ("config",),
+    ("backends",),
+    ("scheduling",),
+    ("pipelines",),
+    ("repository",),
+    ("server",),
+    ("cli", "__main__", "prepare", "optimize", "bench", "spell", "intent", "duplicates"),
+)
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    for rank, names in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise AssertionError(f"{module}: its top-level name {top!r} is in no layer; add it")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(path: Path, known: dict[str, Path]) -> Iterator[str]:
+    """The package's modules that `path` imports (a name imported from a package counts as
+    that submodule when it is one)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            targets = [t if t in known else node.module for t in targets]
+        else:
+            continue
+        yield from (t for t in targets if t.startswith("queryserve"))
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    known = modules()
+    upward = [f"{name} -> {target}" for name, path in sorted(known.items())
+              for target in imports(path, known) if layer(target) > layer(name)]
+    assert upward == []
+
+
+def test_no_import_circle() -> None:
+    known = modules()
+    graph = {name: {t for t in imports(path, known) if t in known and t != name}
+             for name, path in known.items()}
+    # A package's __init__ importing its own submodules is how a package is built, not a loop.
+    for name in graph:
+        graph[name] = {t for t in graph[name]
+                       if not (t.startswith(name + ".") and known[name].name == "__init__.py")}
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        if node in path:
+            raise AssertionError("import circle: " + " -> ".join(
+                [*path[path.index(node):], node]))
+        if node in done:
+            return
+        path.append(node)
+        for target in sorted(graph[node]):
+            visit(target)
+        path.pop()
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name)
