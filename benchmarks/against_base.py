@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from sections.common import ROOT, bench, log, machine_line  # noqa: E402
 
-from queryserve.bench.recommend import peak_rss_mb, serving  # noqa: E402
+from queryserve.bench.server_process import peak_rss_mb, serving  # noqa: E402
 
 OUT = ROOT / "bench-out" / "against-base"
 

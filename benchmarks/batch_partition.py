@@ -36,7 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from queryserve.bench.recommend import _build_repository, serving  # noqa: E402
+from queryserve.bench.server_process import build_repository, serving  # noqa: E402
 from queryserve.config import DynamicBatching, load_model_config  # noqa: E402
 from queryserve.optimize import encoder  # noqa: E402
 from queryserve.optimize.plan import rate_of  # noqa: E402
@@ -109,7 +109,7 @@ def repository(folder: Path, overhead: int | None) -> Path:
     """A one-model repository: the prepared `embed` files, the shipped config with `overhead`."""
     config = yaml.safe_load((MODEL / "model.yaml").read_text())
     config["dynamic_batching"]["batch_overhead_tokens"] = overhead
-    return _build_repository(folder, "embed", MODEL, config)
+    return build_repository(folder, "embed", MODEL, config)
 
 
 def served(rounds: int, out: Path) -> dict[str, list[float]]:

@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import Any
 
-from queryserve.bench.recommend import serving
+from queryserve.bench.server_process import serving
 from sections.common import OUT, QUERYSERVE, ROOT, log, one_model_repository
 
 BATCH_TABLES = {  # dataset -> the two tables the batch job matches across

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from queryserve.bench.recommend import serving
+from queryserve.bench.server_process import serving
 from queryserve.optimize.encoder import engine
 from queryserve.optimize.plan import rate_of
 from queryserve.optimize.source import minilm_folder

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from queryserve.bench.recommend import peak_rss_mb, serving
+from queryserve.bench.server_process import peak_rss_mb, serving
 from sections.common import (
     OUT,
     QUERIES,

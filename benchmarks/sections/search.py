@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from queryserve.bench.recommend import peak_rss_mb, serving
+from queryserve.bench.server_process import peak_rss_mb, serving
 from sections.common import OUT, ROOT, _ms, _rate, bench, log
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from perf_analyzer_agreement import compare
 
-from queryserve.bench.recommend import peak_rss_mb, serving
+from queryserve.bench.server_process import peak_rss_mb, serving
 from sections.common import OUT, ROOT, _ms, _rate, bench, log, one_model_repository
 
 AGREEMENT_LOADS = (("concurrency", 4.0), ("rate", 200.0))

@@ -11,7 +11,7 @@ import statistics
 import subprocess
 from typing import Any
 
-from queryserve.bench.recommend import peak_rss_mb, serving
+from queryserve.bench.server_process import peak_rss_mb, serving
 from sections.common import OUT, QUERYSERVE, ROOT, _ms, _rate, bench, log, one_model_repository
 from sections.seq2seq import spell_parity_file
 

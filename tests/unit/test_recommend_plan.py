@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from queryserve.bench.recommend import (
+from queryserve.bench.recommend_plan import (
     Knobs,
     Point,
     best_point,

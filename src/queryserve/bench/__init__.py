@@ -6,7 +6,9 @@
 - :mod:`queryserve.bench.payloads`: request bodies from real queries, per protocol;
 - :mod:`queryserve.bench.server_stats`: the server's own queue/compute figures;
 - :mod:`queryserve.bench.bench`: ``queryserve bench``; :mod:`queryserve.bench.recommend`:
-  ``queryserve recommend``; :mod:`queryserve.bench.report`: JSON, CSV, HTML and PNG output.
+  ``queryserve recommend``, over :mod:`queryserve.bench.recommend_plan` (the points and stages
+  of a sweep) and :mod:`queryserve.bench.server_process` (a served point to measure);
+  :mod:`queryserve.bench.report`: JSON, CSV, HTML and PNG output.
 
 Nothing is imported here so that ``python -m queryserve.bench.loadgen`` runs without a double
 import.

@@ -304,7 +304,8 @@ def run_recommend_command(args: argparse.Namespace) -> None:
 
     from queryserve.bench.console import LiveSteps, PlainSteps, print_recommendation
     from queryserve.bench.payloads import build_payloads, read_queries
-    from queryserve.bench.recommend import Knobs, Point, Sweep, run_recommend
+    from queryserve.bench.recommend import Sweep, run_recommend
+    from queryserve.bench.recommend_plan import Knobs, Point
     from queryserve.bench.report import write_recommend_report
     from queryserve.errors import BenchError
 

@@ -1,0 +1,85 @@
+"""The HTTP transport's vocabulary: the request a handler is given, the response it returns, and
+the limits (`HttpLimits`) a server holds its clients to, which each connection enforces.
+
+Import these from `queryserve.server.http`, the transport's public face.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import orjson
+
+from queryserve.errors import ConfigError
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a batch of texts is far smaller; a body this big is a mistake
+MAX_URL_BYTES = 8 * 1024  # what common servers and proxies accept (nginx: 8 KiB a line)
+MAX_HEADER_BYTES = 64 * 1024  # the request head, request line included
+READ_TIMEOUT_S = 30.0  # a request begun may pause this long before it is refused (408)
+IDLE_TIMEOUT_S = 300.0  # a keep-alive connection with nothing to do is closed after this
+HEADER_TIMEOUT_S = 10.0  # a request head must arrive whole within this of its first byte
+
+
+def _default_max_connections() -> int:
+    """Half the process's file descriptors, the rest left for models, logs and the listener."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(1, min(4096, soft // 2))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What the transport accepts from a client; each limit, once passed, is refused with its own
+    status and the connection is closed."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    """A request body over this is refused with 413."""
+    read_timeout_s: float = READ_TIMEOUT_S
+    """A request begun that stops arriving for this long gets a 408; a client that takes none of
+    its answers for this long is dropped."""
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    """A keep-alive connection with no request for this long is closed."""
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    """A request head (request line and headers) must complete within this of its first byte,
+    and a new connection must send its first head within this: else 408 (or a bare close for a
+    connection that sent nothing)."""
+    max_url_bytes: int = MAX_URL_BYTES
+    """A request target over this is refused with 414 as it streams in."""
+    max_header_bytes: int = MAX_HEADER_BYTES
+    """A request head over this is refused with 431 as it streams in."""
+    max_connections: int = field(default_factory=_default_max_connections)
+    """Connections over this are answered 503 and closed at once (`HttpServer.refused`)."""
+
+    def __post_init__(self) -> None:
+        for limit in fields(self):
+            value = getattr(self, limit.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"HTTP limit '{limit.name}' is {value!r}; expected a number > 0")
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def json_error(status: int, message: str) -> Response:
+    return Response(status, orjson.dumps({"error": message}))
