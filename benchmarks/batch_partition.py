@@ -58,6 +58,9 @@ class Waiting:
     def done(self) -> bool:
         return False
 
+    def cancel(self) -> bool:
+        return False
+
 
 def rules() -> dict[str, DynamicBatching | None]:
     return {"one padded batch": None,

@@ -85,6 +85,7 @@ output: [{{name: embedding, datatype: FP32, dims: [16]}}]
 dynamic_batching:
   max_queue_size: {max_queue_size}
   default_timeout_microseconds: {timeout_us}
+  max_batch_tokens: {max_batch_tokens}
 response_cache: {{enable: {cache}}}
 parameters: {{delay_ms: {delay_ms}, fail_on_token_id: {fail_on}}}
 """
@@ -92,13 +93,15 @@ parameters: {{delay_ms: {delay_ms}, fail_on_token_id: {fail_on}}}
 
 def write_fake_model(repository: Path, name: str, *, max_batch_size: int = 8,
                      max_queue_size: int = 64, timeout_us: int = 0, cache: bool = False,
-                     delay_ms: int = 0, fail_on: int = -1) -> None:
+                     delay_ms: int = 0, fail_on: int = -1,
+                     max_batch_tokens: int = 16384) -> None:
     folder = repository / name
     folder.mkdir(parents=True)
     shutil.copy(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
     (folder / "model.yaml").write_text(FAKE_MODEL.format(
         max_batch_size=max_batch_size, max_queue_size=max_queue_size, timeout_us=timeout_us,
-        cache=str(cache).lower(), delay_ms=delay_ms, fail_on=fail_on))
+        cache=str(cache).lower(), delay_ms=delay_ms, fail_on=fail_on,
+        max_batch_tokens=max_batch_tokens))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,10 @@ class FakeTicket:
     def done(self) -> bool:
         return self.cancelled
 
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
 
 def item(name: str, tokens: int = 5, at: float = 0.0, deadline: float = math.inf,
          ticket: FakeTicket | None = None) -> QueuedItem[str]:

@@ -26,10 +26,9 @@ model_warmup: [{name: w, batch_size: 4, text: hello}]
 """
 
 
-def write(tmp_path: Path, text: str) -> Path:
-    folder = tmp_path / "embed"
-    folder.mkdir(exist_ok=True)
-    path = folder / "model.yaml"
+def write(tmp_path: Path, text: str, file: str = "embed/model.yaml") -> Path:
+    path = tmp_path / file
+    path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     return path
 
@@ -85,11 +84,7 @@ def test_not_yaml(tmp_path: Path) -> None:
 
 
 def write_ensemble(tmp_path: Path, text: str) -> Path:
-    folder = tmp_path / "search"
-    folder.mkdir(exist_ok=True)
-    path = folder / "pipeline.yaml"
-    path.write_text(text)
-    return path
+    return write(tmp_path, text, "search/pipeline.yaml")
 
 
 def test_the_search_ensemble_is_read_as_a_model(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -42,6 +43,8 @@ class Ticket(Protocol):
 
     def done(self) -> bool: ...
 
+    def cancel(self) -> bool: ...
+
 
 @dataclass(eq=False, slots=True)
 class QueuedItem(Generic[P]):
@@ -50,6 +53,9 @@ class QueuedItem(Generic[P]):
     enqueued_at: float
     deadline: float
     ticket: Ticket
+    request: Sequence[Ticket] = ()
+    """The tickets of every item of the same request (turn), this one's included: when one
+    fails, the others are not worth running."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,7 +120,7 @@ class Scheduler(Generic[P, R]):
         deadline = now + timeout_s if timeout_s > 0 else math.inf
         futures: list[asyncio.Future[R]] = [loop.create_future() for _ in payloads]
         self.batcher.add([
-            QueuedItem(payload, count, now, deadline, future)
+            QueuedItem(payload, count, now, deadline, future, futures)
             for payload, count, future in zip(payloads, tokens, futures, strict=True)
         ], admitted)
         self._schedule()
@@ -201,6 +201,12 @@ class Scheduler(Generic[P, R]):
             for item in batch:
                 if not item.ticket.done():
                     _future(item).set_exception(error)
+            # Those requests have failed: their items still queued must not run for nothing
+            # (cancelled here, before the instance just freed picks the next batch).
+            for item in batch:
+                for sibling in item.request:
+                    if not sibling.done():
+                        sibling.cancel()
         else:
             for item, row in zip(batch, rows, strict=True):
                 if not item.ticket.done():
