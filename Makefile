@@ -34,6 +34,7 @@ test: prepare
 bench: prepare
 	$(PY) benchmarks/peers/peers.py install
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/reliability.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -295,6 +295,27 @@ async def test_max_connections_refuses_new_ones_and_serves_the_rest() -> None:
 
 
 @on_uvloop
+async def test_at_the_cap_the_longest_silent_connection_makes_room() -> None:
+    """Regression: connections that never send a byte held every slot until the header
+    timeout, so a real client's new connection during a flood got a 503."""
+    async with serving(Echo(), max_connections=3) as (server, port):
+        talking = await asyncio.open_connection("127.0.0.1", port)
+        talking[1].write(get("/"))
+        assert (await read_response(talking[0]))[0] == 200
+        silent_old = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.05)
+        _silent_new = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.05)
+        client = await asyncio.open_connection("127.0.0.1", port)  # over the cap
+        client[1].write(get("/"))
+        assert (await read_response(client[0]))[0] == 200
+        assert await closed(silent_old[0], 1.0)  # the oldest silent one went
+        assert (server.evicted, server.refused, server.connections) == (1, 0, 3)
+        talking[1].write(get("/again"))  # a connection that talks is never evicted
+        assert (await read_response(talking[0]))[0] == 200
+
+
+@on_uvloop
 async def test_pipelining_without_reading_runs_a_bounded_number_of_requests() -> None:
     handler = Echo()
     async with serving(handler) as (server, port):

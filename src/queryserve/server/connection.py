@@ -64,6 +64,10 @@ class ConnectionOwner(Protocol):
         """Count a new connection in, or refuse it (over `max_connections`, or draining)."""
         ...
 
+    def heard(self, connection: HttpConnection) -> None:
+        """The connection sent its first bytes."""
+        ...
+
     def forget(self, connection: HttpConnection) -> None:
         """The connection is gone."""
         ...
@@ -94,6 +98,7 @@ class HttpConnection(asyncio.Protocol):
         self.head_started: float | None = None  # when the incomplete (or awaited) head began
         self.head_bytes = _NO_HEAD  # bytes fed while the current request head is incomplete
         self.last_read = 0.0  # the last sign of life from the client: a read, or a drained write
+        self.heard_from = False  # the client has sent a byte
         self.timer: asyncio.TimerHandle | None = None
         self.loop = server.loop
         self._reset()
@@ -168,6 +173,9 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.rejected:
             return  # the connection is closing after an error: read nothing more
+        if not self.heard_from:
+            self.heard_from = True
+            self.server.heard(self)
         self.last_read = self.loop.time()
         if len(data) <= FEED_BYTES and not self.unparsed:
             self._feed(data)

@@ -64,7 +64,11 @@ class HttpServer:
         self.handler = handler
         self.limits = limits
         self.live: set[HttpConnection] = set()
+        # Connections that have not sent a byte yet, oldest first: at the cap, the oldest of
+        # them makes room for a newcomer, so silent connections cannot lock real clients out.
+        self.silent: dict[HttpConnection, None] = {}
         self.refused = 0  # connections turned away over `max_connections` or while shutting down
+        self.evicted = 0  # silent connections closed at the cap to let a new one in
         self.draining = False
         self.loop = asyncio.get_running_loop()
         self._drained: asyncio.Event | None = None
@@ -83,16 +87,28 @@ class HttpServer:
         self._ticker = self.loop.call_later(1.001 - time.time() % 1.0, self._tick)
 
     def admit(self, connection: HttpConnection) -> bool:
-        """Count a new connection in; over `max_connections`, or while draining, count it
-        refused."""
+        """Count a new connection in. At `max_connections` the connection that has been silent
+        longest (connected, never sent a byte) is closed to make room; with none silent, or
+        while draining, the newcomer is refused and counted."""
+        if not self.draining and len(self.live) >= self.limits.max_connections and self.silent:
+            oldest = next(iter(self.silent))
+            self.forget(oldest)
+            oldest.abort()
+            self.evicted += 1
         if self.draining or len(self.live) >= self.limits.max_connections:
             self.refused += 1
             return False
         self.live.add(connection)
+        self.silent[connection] = None
         return True
+
+    def heard(self, connection: HttpConnection) -> None:
+        """The connection sent its first bytes: it is a client, no longer a candidate to go."""
+        self.silent.pop(connection, None)
 
     def forget(self, connection: HttpConnection) -> None:
         self.live.discard(connection)
+        self.silent.pop(connection, None)
         if self._drained is not None and not self.live:
             self._drained.set()
 

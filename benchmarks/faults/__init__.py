@@ -1,0 +1,1 @@
+"""The fault scenarios of benchmarks/reliability.py, one module each (measure + render)."""
