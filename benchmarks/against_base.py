@@ -33,7 +33,7 @@ from queryserve.bench.server_process import peak_rss_mb, serving  # noqa: E402
 OUT = ROOT / "bench-out" / "against-base"
 
 
-def measure(label: str, source: Path | None, out: Path) -> dict[str, Any]:
+def measure(label: str, source: Path | None, out: Path, find_max: bool) -> dict[str, Any]:
     """Section 2's figures for the code under `source` (None: this checkout)."""
     previous = os.environ.get("PYTHONPATH")
     if source is not None:
@@ -44,7 +44,8 @@ def measure(label: str, source: Path | None, out: Path) -> dict[str, Any]:
         cores = os.cpu_count() or 2
         with serving(ROOT / "model_repository", cores, cores, out / f"{label}.log") as (url,
                                                                                        proc):
-            at_max = bench(url, "--find-max", "--p99-ms", "10", name=f"{label}-max")
+            at_max = (bench(url, "--find-max", "--p99-ms", "10", name=f"{label}-max")
+                      if find_max else {"search": {}, "steps": []})
             at_100 = bench(url, "--rate", "100", "--duration", "10", name=f"{label}-100")
             rss = peak_rss_mb(proc.pid)
     finally:
@@ -65,6 +66,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the earlier commit")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the latency at 100 req/s (no max-rate search): more rounds "
+                             "in the same time")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -81,8 +85,8 @@ def main() -> int:
             for round_ in range(1, args.rounds + 1):
                 for label, source in (("base", base), ("head", None)):
                     log(f"round {round_}: {label}")
-                    rows.append({"round": round_, "code": label,
-                                 **measure(f"{label}-{round_}", source, OUT)})
+                    rows.append({"round": round_, "code": label, **measure(
+                        f"{label}-{round_}", source, OUT, not args.latency_only)})
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(base)], capture_output=True)
@@ -98,14 +102,19 @@ def render(base: str, head: str, rows: list[dict[str, Any]]) -> str:
     lines = [f"Machine: {machine_line()}", "",
              "| round | code | max req/s at p99 <= 10 ms | p99 there | p50 / p99 at 100 req/s "
              "| peak RSS |", "|---|---|---:|---:|---:|---:|"]
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f}"
+
     for r in rows:
-        lines.append(f"| {r['round']} | {names[r['code']]} | {r['max_rate']:,.0f} | "
-                     f"{r['max_p99_ms']:.2f} ms | {r['p50_at_100_ms']:.2f} / "
-                     f"{r['p99_at_100_ms']:.2f} ms | {r['rss_mb']:.0f} MB |")
+        p99 = "-" if r["max_p99_ms"] is None else f"{r['max_p99_ms']:.2f} ms"
+        lines.append(f"| {r['round']} | {names[r['code']]} | {rate(r['max_rate'])} | {p99} | "
+                     f"{r['p50_at_100_ms']:.2f} / {r['p99_at_100_ms']:.2f} ms | "
+                     f"{r['rss_mb']:.0f} MB |")
     for code in ("base", "head"):
         mine = [r for r in rows if r["code"] == code]
+        rates = [r["max_rate"] for r in mine if r["max_rate"] is not None]
         lines.append(f"| median | {names[code]} | "
-                     f"{statistics.median(r['max_rate'] for r in mine):,.0f} | | "
+                     f"{rate(statistics.median(rates) if rates else None)} | | "
                      f"{statistics.median(r['p50_at_100_ms'] for r in mine):.2f} / "
                      f"{statistics.median(r['p99_at_100_ms'] for r in mine):.2f} ms | "
                      f"{statistics.median(r['rss_mb'] for r in mine):.0f} MB |")

@@ -140,6 +140,8 @@ async def flood(server: Server, count: int, header_s: float) -> dict[str, Any]:
                 await asyncio.wait_for(stop.wait(), 1.0)
         writer.close()
 
+    evicted_before = await asyncio.to_thread(
+        server.metric, "queryserve_http_connections_evicted_total") or 0.0
     stop = asyncio.Event()
     prober = asyncio.ensure_future(probe(stop))
     try:  # each connection is bounded; this bounds them all should connects crawl
@@ -151,7 +153,10 @@ async def flood(server: Server, count: int, header_s: float) -> dict[str, Any]:
     await asyncio.wait_for(prober, 10)
     for writer in held:
         writer.close()
+    evicted = (await asyncio.to_thread(
+        server.metric, "queryserve_http_connections_evicted_total") or 0.0) - evicted_before
     return {"attempts": count, "most_open": most_open[0], "outcomes": dict(outcomes),
+            "evicted": int(evicted),
             "connect_errors": dict(errors), "refused_after_s": _spread(refused_s),
             "closed_after_s": _spread(closed_s), "deadline_s": header_s,
             "closed_on_time": sum(t <= header_s + LATE_S for t in closed_s),

@@ -182,8 +182,10 @@ def render(f: dict[str, Any]) -> list[str]:
         f"{spread(fld['closed_after_s'])} after connect | header timeout "
         f"{fld['deadline_s']:g} s |",
         "| flood, over --max-connections | "
-        + ", ".join(f"{n:,} x {s}" for s, n in fld["outcomes"].items()
-                    if s != "closed without an answer")
+        + "; ".join([f"{fld.get('evicted', 0):,} silent ones closed to make room "
+                     "(`queryserve_http_connections_evicted_total`)"]
+                    + [f"{n:,} x {s}" for s, n in fld["outcomes"].items()
+                       if s != "closed without an answer"])
         + (f"; connect errors: {fld['connect_errors']}" if fld["connect_errors"] else "")
         + f" | {spread(fld['refused_after_s'])} after connect | at once |",
         f"| one 128 MB header line, no newline | {big['status']}; the client got "

@@ -102,12 +102,15 @@ class Server:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def metric(self, name: str, model: str, **labels: str) -> float | None:
-        """One sample of `/metrics`, e.g. metric("queryserve_queue_depth", "embed")."""
+    def metric(self, name: str, model: str = "", **labels: str) -> float | None:
+        """One sample of `/metrics`, e.g. metric("queryserve_queue_depth", "embed"); without a
+        model, the sample without labels (`queryserve_http_connections`)."""
         wanted = {"model": model, **labels}
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         for line in text.splitlines():
+            if not model and line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
             if not line.startswith(name + "{"):
                 continue
             inside, value = line[len(name) + 1:].rsplit("} ", 1)

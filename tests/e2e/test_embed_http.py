@@ -164,6 +164,9 @@ def test_metrics_report_requests_batches_and_latency(real_server: RunningServer)
     assert values['queryserve_request_duration_seconds_bucket{model="embed",le="+Inf"}'] >= 1
     assert values['queryserve_queue_depth{model="embed"}'] == 0
     assert values['queryserve_model_ready{model="embed"}'] == 1
+    assert values["queryserve_http_connections"] >= 1  # this client's, at least
+    assert values["queryserve_http_connections_refused_total"] == 0
+    assert values["queryserve_http_connections_evicted_total"] == 0
 
 
 def perf_analyzer() -> Path:

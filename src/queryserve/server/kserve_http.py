@@ -84,11 +84,11 @@ def add_routes(router: Router, state: ServerState) -> None:
     router.add("GET", "/v2/health/ready", ready)
     router.add("GET", "/v2/models/stats", all_stats)
     router.add("POST", "/v2/repository/index", repository_index)
+    router.add_pattern("POST", _MODEL + "/infer", infer)  # first: the hot path tries it first
     router.add_pattern("GET", _MODEL, metadata)
     router.add_pattern("GET", _MODEL + "/ready", model_ready)
     router.add_pattern("GET", _MODEL + "/config", config)
     router.add_pattern("GET", _MODEL + "/stats", stats)
-    router.add_pattern("POST", _MODEL + "/infer", infer)
     router.add_pattern("POST", r"/v2/repository/models/(?P<name>[^/]+)/load", load)
     router.add_pattern("POST", r"/v2/repository/models/(?P<name>[^/]+)/unload", unload)
 

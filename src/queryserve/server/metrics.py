@@ -8,25 +8,38 @@ from queryserve.pipelines.model import AnyModel as Model
 from queryserve.repository import ModelRepository
 from queryserve.scheduling.stats import Histogram
 from queryserve.server.http import Request, Response
-from queryserve.server.routing import Router, ServerState
+from queryserve.server.routing import Connections, Router, ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def add_routes(router: Router, state: ServerState) -> None:
     async def metrics(request: Request) -> Response:
-        return Response(200, render_metrics(state.repository), CONTENT_TYPE)
+        return Response(200, render_metrics(state.repository, state.transport), CONTENT_TYPE)
 
     router.add("GET", "/metrics", metrics)
 
 
-def render_metrics(repository: ModelRepository) -> bytes:
+def render_metrics(repository: ModelRepository, transport: Connections | None = None) -> bytes:
     lines: list[str] = []
     models = list(repository.models.values())
 
     def family(name: str, kind: str, help_text: str) -> None:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
+
+    if transport is not None:
+        for name, kind, help_text, figure in (
+                ("queryserve_http_connections", "gauge", "Client connections open now.",
+                 transport.connections),
+                ("queryserve_http_connections_refused_total", "counter",
+                 "Connections answered 503 and closed: over --max-connections, or draining.",
+                 transport.refused),
+                ("queryserve_http_connections_evicted_total", "counter",
+                 "Silent connections (never sent a byte) closed at the cap to admit a new one.",
+                 transport.evicted)):
+            family(name, kind, help_text)
+            lines.append(f"{name} {figure}")
 
     family("queryserve_model_ready", "gauge", "1 when the model is loaded and warmed up.")
     for entry in repository.index():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -32,12 +32,24 @@ class Limits:
     model), as Triton's batch dimension counts them."""
 
 
+class Connections(Protocol):
+    """The transport's counts, as the metrics report them (`HttpServer` has them)."""
+
+    @property
+    def connections(self) -> int: ...
+
+    refused: int
+    evicted: int
+
+
 @dataclass
 class ServerState:
     """The server as every front end sees it."""
 
     repository: ModelRepository
     limits: Limits = field(default_factory=Limits)
+    transport: Connections | None = None
+    """Set once the server listens."""
     loading: bool = True
     """Until the repository's first load is done."""
     draining: bool = False

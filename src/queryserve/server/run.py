@@ -57,6 +57,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     except OSError as exc:  # the port is taken, the address is not this machine's
         raise ServeError(f"cannot listen on {options.host}:{options.port}: "
                          f"{exc.strerror or exc}") from None
+    app.state.transport = server
     log.info("listening on http://%s:%d (loading models from %s)", options.host, options.port,
              options.repository)
     stop = asyncio.Event()

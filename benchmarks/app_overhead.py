@@ -1,0 +1,79 @@
+"""CPU per request of the server's application layer, in process: routing, KServe decoding, the
+model call through the scheduler (one hop to the instance's thread), encoding; no sockets and
+no real model (the fake backend, 16-d vectors).
+
+    python benchmarks/app_overhead.py [--requests 30000]
+
+Against an earlier commit, each run a process of its own, alternating (farm-bench pairs them):
+
+    git worktree add /tmp/base 0dff592
+    farm-bench -n 8 --vs "sh -c 'exec env PYTHONPATH=/tmp/base/src python \\
+        benchmarks/app_overhead.py >>/tmp/base.txt'" -- \\
+        sh -c 'exec python benchmarks/app_overhead.py >>/tmp/head.txt'
+
+It runs the code that PYTHONPATH finds first, so the same script measures both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from queryserve.repository import ModelRepository  # noqa: E402
+from queryserve.server.app import ServerApp  # noqa: E402
+
+try:  # where the request type lives depends on the commit measured
+    from queryserve.server.http_types import Request
+except ImportError:
+    from queryserve.server.http import Request  # type: ignore[attr-defined,no-redef]
+
+from tests.conftest import write_fake_model  # noqa: E402
+
+BODY = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
+                               "data": ["play some jazz music"]}]}).encode()
+
+
+async def measure(repository_dir: Path, requests: int) -> tuple[float, float]:
+    repository = ModelRepository(repository_dir, cores=1)
+    loaded = repository.load_all()
+    if inspect.isawaitable(loaded):  # async since the model API; sync before
+        await loaded
+    app = ServerApp(repository)
+
+    def request() -> Request:
+        return Request("POST", "/v2/models/fast/infer", "", {}, BODY)
+
+    for _ in range(500):  # warm-up
+        answer = await app(request())
+        assert answer.status == 200, answer.body
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(requests):
+        await app(request())
+    after, ended = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return (ended - started) / requests * 1e6, cpu / requests * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=30_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        write_fake_model(Path(folder), "fast", max_batch_size=8, max_queue_size=256)
+        wall_us, cpu_us = asyncio.run(measure(Path(folder), args.requests))
+    print(f"wall {wall_us:.1f} us/request, cpu {cpu_us:.1f} us/request")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
