@@ -4,12 +4,13 @@ no real model (the fake backend, 16-d vectors).
 
     python benchmarks/app_overhead.py [--requests 30000]
 
-Against an earlier commit, each run a process of its own, alternating (farm-bench pairs them):
+Against an earlier commit, each run a process of its own, alternating:
 
     git worktree add /tmp/base 0dff592
-    farm-bench -n 8 --vs "sh -c 'exec env PYTHONPATH=/tmp/base/src python \\
-        benchmarks/app_overhead.py >>/tmp/base.txt'" -- \\
-        sh -c 'exec python benchmarks/app_overhead.py >>/tmp/head.txt'
+    for i in 1 2 3 4 5 6 7 8; do
+        PYTHONPATH=/tmp/base/src python benchmarks/app_overhead.py >> /tmp/base.txt
+        python benchmarks/app_overhead.py >> /tmp/head.txt
+    done
 
 It runs the code that PYTHONPATH finds first, so the same script measures both.
 """
