@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser(
-        "serve", help="serve a model repository over HTTP (KServe v2, OpenAI embeddings)")
+        "serve", help="serve a model repository over HTTP (KServe v2, OpenAI embeddings); "
+                      "drains on SIGTERM or SIGINT")
     serve.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
                        help="model repository folder (default: %(default)s)")
     serve.add_argument("--http", type=_address, default=("127.0.0.1", 8000),
@@ -74,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="S", help="a keep-alive connection idle this long is closed "
                                          "(default: %(default)g)")
     serve.add_argument("--max-connections", type=count, default=http.max_connections,
-                       help="open connections at most; one more is closed at once and counted "
-                            "(default: %(default)s, half this process's file limit at most)")
+                       help="open connections at most; at the cap the connection silent longest "
+                            "makes room, or a newcomer gets a 503 (default: %(default)s, half "
+                            "this process's file limit at most)")
     serve.add_argument("--drain-timeout", type=positive, default=DRAIN_TIMEOUT_S, metavar="S",
                        help="on SIGTERM or SIGINT, how long accepted requests get to finish "
                             "(default: %(default)g)")
