@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from queryserve import heap
-from queryserve.backends import create_backend
+from queryserve.backends import Backend, create_backend
 from queryserve.config import (
     ENSEMBLE_FILE,
     MODEL_FILE,
@@ -105,17 +105,16 @@ class ModelRepository:
         return model
 
     def _build(self, config: ModelConfig) -> AnyModel:
+        backends: list[Backend] = []  # an ensemble has none: its steps are other models
+        threads = 0
+        if config.ensemble is None:
+            count = config.instance_group.count
+            threads = threads_per_instance(count, self.cores)
+            if count > self.cores:
+                log.warning("model '%s': %d instances on %d cores oversubscribe the CPU",
+                            config.name, count, self.cores)
+            backends = [create_backend(config, threads) for _ in range(count)]
         stats = ModelStats()
-        if config.ensemble is not None:
-            pipeline = create_pipeline(config, [], stats, self.get)
-            pipeline.warmup()
-            return Model(config, pipeline, stats, 0)
-        count = config.instance_group.count
-        threads = threads_per_instance(count, self.cores)
-        if count > self.cores:
-            log.warning("model '%s': %d instances on %d cores oversubscribe the CPU",
-                        config.name, count, self.cores)
-        backends = [create_backend(config, threads) for _ in range(count)]
         pipeline = create_pipeline(config, backends, stats, self.get)
         pipeline.warmup()
         return Model(config, pipeline, stats, threads)
@@ -165,7 +164,11 @@ class ModelRepository:
         if self.retiring:
             _, pending = await asyncio.wait(set(self.retiring), timeout=timeout_s)
             if pending:
-                log.warning("%d model(s) still had work queued at the deadline", len(pending))
+                log.warning("%d model(s) still had work queued at the deadline: it fails",
+                            len(pending))
+                for release in pending:
+                    release.cancel()  # _released aborts the model's queue
+                await asyncio.wait(pending)
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -206,8 +209,8 @@ class ModelRepository:
 async def _released(model: Model[Any]) -> None:
     """Run the retired model's queue to the end, then give its memory back."""
     name = model.name
-    try:
-        await model.pipeline.close()
+    try:  # shielded: a cancelled wait (the drain deadline) must not cancel the close itself
+        await asyncio.shield(model.pipeline.close())
     except asyncio.CancelledError:
         model.pipeline.abort()
         raise

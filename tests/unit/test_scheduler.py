@@ -179,3 +179,15 @@ async def test_a_later_turn_of_an_admitted_request_is_never_refused() -> None:
     later = scheduler.submit([5, 6], [3, 3], admitted=True)  # the same request's next turn
     backend.gate.set()
     assert await asyncio.gather(*busy, *first, *later) == [2, 4, 6, 10, 12]
+
+
+async def test_close_finishes_when_the_last_queued_item_is_dropped_by_the_timer() -> None:
+    """Regression: closing finished only after a batch completed, so a queue emptied by the
+    batching-delay timer (its items' clients gone) left the close waiting for ever."""
+    backend = GatedBackend()
+    scheduler = make(backend, max_queue_delay_microseconds=50_000)
+    waiting = scheduler.submit([1], [3])  # a free instance waits 50 ms for a fuller batch
+    closed = scheduler.close()
+    waiting[0].cancel()  # the client leaves before the delay is up
+    await asyncio.wait_for(closed, 1)
+    assert backend.batches == []

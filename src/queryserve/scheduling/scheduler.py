@@ -88,8 +88,7 @@ class Scheduler(Generic[P, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._closing = False
-        self._closed: asyncio.Future[None] | None = None
+        self._closed: asyncio.Future[None] | None = None  # set by close(): no more admission
 
     @property
     def queue_depth(self) -> int:
@@ -112,7 +111,7 @@ class Scheduler(Generic[P, R]):
         Raises Overloaded when the queue is full: then none of the items is queued. A later
         turn of a request already admitted (`admitted`) is never refused half-way.
         """
-        if self._closing:
+        if self._closed is not None:
             raise Unavailable(f"model '{self.model}' is unloading")
         loop = self._loop or self._bind_loop()
         now = self.clock()
@@ -131,15 +130,18 @@ class Scheduler(Generic[P, R]):
         return self._loop
 
     def _schedule(self) -> None:
-        """Cut and dispatch batches while an instance is free and a batch is ready."""
+        """Cut and dispatch batches while an instance is free and a batch is ready; once
+        closing, finish when nothing is left (the last items may also expire or be dropped)."""
         while self._free and len(self.batcher):
             cut: Cut[P] = self.batcher.cut(self.clock())
             self._expire(cut.expired)
             if not cut.batch:
                 if cut.wake_at is not None:
                     self._wake_at(cut.wake_at)
-                return
+                break
             self._dispatch(self._free.pop(), cut.batch)
+        if self._closed is not None:
+            self._finish_if_idle()
 
     def _wake_at(self, when: float) -> None:
         if self._timer is not None and self._timer_at <= when:
@@ -214,8 +216,6 @@ class Scheduler(Generic[P, R]):
             self.stats.record_batch(len(batch), [started - item.enqueued_at for item in batch],
                                     times.input_s, times.infer_s, times.output_s)
         self._schedule()
-        if self._closing:
-            self._finish_if_idle()
 
     def run_now(self, payloads: Sequence[P]) -> None:
         """Run one batch on every instance, synchronously (warmup, before the model is ready)."""
@@ -226,7 +226,6 @@ class Scheduler(Generic[P, R]):
         """Stop taking work and run what is queued to the end, on the loop. The future resolves
         once the last batch is done and the instances' threads and sessions are released."""
         if self._closed is None:
-            self._closing = True
             self._closed = (self._loop or self._bind_loop()).create_future()
             self._finish_if_idle()
         return self._closed
