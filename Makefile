@@ -4,6 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.setup-done
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 HTTP   ?= 127.0.0.1:8000
+GRPC   ?= 127.0.0.1:8001
 
 .PHONY: setup prepare run test bench lint
 
@@ -25,7 +26,7 @@ prepare: setup
 	$(VENV)/bin/queryserve prepare
 
 run: prepare
-	$(VENV)/bin/queryserve serve --repository model_repository --http $(HTTP)
+	$(VENV)/bin/queryserve serve --repository model_repository --http $(HTTP) --grpc $(GRPC)
 
 test: prepare
 	$(PY) -m pytest

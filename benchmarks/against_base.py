@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from sections.common import ROOT, bench, log, machine_line  # noqa: E402
 
-from queryserve.bench.server_process import peak_rss_mb, serving  # noqa: E402
+from queryserve.bench.server_process import free_port, peak_rss_mb, serving  # noqa: E402
 
 OUT = ROOT / "bench-out" / "against-base"
 
@@ -42,8 +42,11 @@ def measure(label: str, source: Path | None, out: Path, find_max: bool) -> dict[
         os.environ.pop("PYTHONPATH", None)
     try:
         cores = os.cpu_count() or 2
-        with serving(ROOT / "model_repository", cores, cores, out / f"{label}.log") as (url,
-                                                                                       proc):
+        # The head serves gRPC too, as `queryserve serve` does by default (on a free port);
+        # a base from before gRPC knows no --grpc flag.
+        grpc = None if source is not None else f"127.0.0.1:{free_port()}"
+        with serving(ROOT / "model_repository", cores, cores, out / f"{label}.log",
+                     grpc) as (url, proc):
             at_max = (bench(url, "--find-max", "--p99-ms", "10", name=f"{label}-max")
                       if find_max else {"search": {}, "steps": []})
             at_100 = bench(url, "--rate", "100", "--duration", "10", name=f"{label}-100")

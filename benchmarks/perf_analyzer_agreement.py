@@ -34,13 +34,13 @@ QUERIES = ROOT / "data" / "massive-en" / "test.jsonl"
 
 
 def perf_analyzer_command(host_port: str, model: str, data: Path, load: tuple[str, float],
-                          requests: int) -> list[str]:
+                          requests: int, protocol: str = "http") -> list[str]:
     kind, level = load
     shape = (["--concurrency-range", f"{level:g}"] if kind == "concurrency"
              else ["--request-rate-range", f"{level:g}"])
     # count_windows: the default time-window stabilisation never settles on 2 shared cores.
     return [str(Path(sys.executable).parent / "perf_analyzer"), "-m", model, "-u", host_port,
-            "-i", "http", "--input-data", str(data), "-b", "1", *shape,
+            "-i", protocol, "--input-data", str(data), "-b", "1", *shape,
             "--measurement-mode", "count_windows",
             "--measurement-request-count", str(requests), "--max-trials", "3",
             "--stability-percentage", "999", "--percentile", "99"]
@@ -59,13 +59,16 @@ def pinned(command: list[str], cpus: str | None) -> list[str]:
 
 
 def run_perf_analyzer(url: str, model: str, load: tuple[str, float], requests: int,
-                      limit: int, cpus: str | None = None) -> dict[str, Any]:
+                      limit: int, cpus: str | None = None,
+                      protocol: str = "http") -> dict[str, Any]:
+    """One perf_analyzer run; `protocol` http, or grpc with the server's gRPC address as
+    `url` (grpc://HOST:PORT)."""
     texts = [json.loads(line)["text"] for line in QUERIES.read_text().splitlines()][:limit]
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "input.json"
         data.write_text(json.dumps({"data": [{"text": [t]} for t in texts]}))
         command = pinned(perf_analyzer_command(urlsplit(url).netloc, model, data, load,
-                                               requests), cpus)
+                                               requests, protocol), cpus)
         out = subprocess.run(command, capture_output=True, text=True, timeout=600,
                              env=_cuda_env())
     if out.returncode != 0:
@@ -81,7 +84,7 @@ def run_perf_analyzer(url: str, model: str, load: tuple[str, float], requests: i
               "p99_ms": int(p99.group(1)) / 1000}
     # Its own split: the mean HTTP time at the client, and the mean request latency the
     # server reports (its statistics endpoint); the difference is the client's side.
-    for key, pattern in (("client_mean_ms", r"Avg HTTP time: (\d+) usec"),
+    for key, pattern in (("client_mean_ms", r"Avg (?:HTTP|gRPC) time: (\d+) usec"),
                          ("server_mean_ms", r"Avg request latency: (\d+) usec")):
         found = re.search(pattern, out.stdout)
         if found:

@@ -16,7 +16,9 @@ they run, and BENCHMARKS.md shows them, in this order:
 8. `spell`: the spelling correctors: training speed, accuracy against SymSpell, serving;
 9. `intent`: query intent, trained two ways and served;
 10. `search`: the search bar: ANN recall, hit@10 on misspelled songs, `/v1/search` under load;
-11. `duplicates`: product duplicates, trained two ways, served and as a batch job.
+11. `duplicates`: product duplicates, trained two ways, served and as a batch job;
+12. `grpc`: KServe v2 over gRPC against HTTP on one server (perf_analyzer -i grpc / -i http,
+    and the max rate at p99 <= 10 ms over each).
 
 `--only a,b` re-measures those sections and keeps the others' figures from the last run's
 bench-out/make-bench/bench.json.
@@ -43,6 +45,7 @@ from sections import (  # noqa: E402
     ceiling,
     duplicates,
     engines,
+    grpc_front_end,
     intent,
     optimize,
     peers,
@@ -76,8 +79,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
                         help="re-measure only these sections (engines,server,recommend,peers,"
-                             "ceiling,optimize,seq2seq,spell,intent,search,duplicates); the rest "
-                             "come from bench-out/make-bench/bench.json")
+                             "ceiling,optimize,seq2seq,spell,intent,search,duplicates,grpc); "
+                             "the rest come from bench-out/make-bench/bench.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (MODEL_DIR / "prepare.json").is_file():
@@ -98,6 +101,7 @@ def main() -> int:
         "intent": ("9. query intent", intent.measure),
         "search": ("10. the search bar", search.measure),
         "duplicates": ("11. product duplicates", duplicates.measure),
+        "grpc": ("12. KServe v2 over gRPC against HTTP", grpc_front_end.measure),
     }
     if args.only and args.only - set(steps):
         parser.error(f"--only: no section {', '.join(sorted(args.only - set(steps)))}; "
@@ -137,6 +141,7 @@ def main() -> int:
         *intent.render(figures["intent"]), "",
         *search.render(figures["search"]), "",
         *duplicates.render(figures["duplicates"]), "",
+        *grpc_front_end.render(figures["grpc"]), "",
     ]
     recorded = (HERE / "recorded.md").read_text()
     args.out.write_text("\n".join(lines) + "\n" + recorded)

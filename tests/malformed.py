@@ -36,13 +36,16 @@ VALID: dict[str, dict[str, Any]] = {
     "/v1/intent": {"queries": ["wake me up at seven"], "top_k": 2},
     "/v1/duplicates": {"pairs": [["sony dsc-w120", "sony w120"]], "threshold": 0.5},
     "/v1/search": {"query": "blank spase", "k": 3, "catalog": "songs", "spell": True},
+    "/v1/rerank": {"model": "duplicates", "query": "sony dsc-w120",
+                   "documents": ["sony w120", {"text": "canon eos"}], "top_n": 1,
+                   "return_documents": True},
 }
 COMPARED = ("/v1/intent", "/v1/spell", "/v2/models/embed")
 """Routes of VALID whose answer is the same every time (search's carries timings): what "as
 before" compares."""
 GET_PATHS = ["/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/embed",
              "/v2/models/embed/ready", "/v2/models/embed/config", "/v2/models/embed/stats",
-             "/v2/models/search/config", "/metrics"]
+             "/v2/models/search/config", "/metrics", "/v1/models", "/v1/models/embed"]
 SLOW_S = 5.0  # an answer this late is a failure
 
 json_values = st.recursive(

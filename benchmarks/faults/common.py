@@ -137,7 +137,7 @@ def serving(repository: Path, name: str, *flags: str) -> Iterator[Server]:
     log_path = OUT / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
-               "--http", f"127.0.0.1:{port}", *flags]
+               "--http", f"127.0.0.1:{port}", "--grpc", "off", *flags]
     with log_path.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})

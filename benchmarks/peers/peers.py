@@ -412,7 +412,7 @@ PEERS: dict[str, Peer] = {
             command=lambda port: [
                 str(Path(sys.executable).parent / "queryserve"), "--log-level", "WARNING",
                 "serve", "--repository", str(ROOT / "model_repository"),
-                "--http", f"127.0.0.1:{port}",
+                "--http", f"127.0.0.1:{port}", "--grpc", "off",
             ],
             protocol="kserve",
             path="/v2/models/embed/infer",

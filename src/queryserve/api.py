@@ -20,7 +20,8 @@ from queryserve.types import Array
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    """One request's decoded inputs: validated, non-empty texts, one row each."""
+    """One request's decoded inputs: validated, non-empty texts, one row each (or rows of
+    token ids, `token_ids`)."""
 
     texts: Sequence[str]
     pairs: Sequence[str] | None = None
@@ -30,6 +31,10 @@ class Inputs:
     a model ignores the ones it does not take, as KServe's request parameters are ignored."""
     timeout_s: float | None = None
     """How long the items may wait in the queue; None: the model's default."""
+    token_ids: Sequence[Sequence[int]] | None = None
+    """Rows already tokenized, in place of `texts` (then empty): non-empty lists of ids of the
+    model's own tokenizer, special tokens included, as OpenAI's and TEI's `input` may send
+    them. The model checks them against its vocabulary and truncates them as it does text."""
 
 
 # -- the typed results ----------------------------------------------------------------------

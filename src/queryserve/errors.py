@@ -58,6 +58,27 @@ class NotFound(QueryServeError):
     outcome = "not_found"
 
 
+class Unauthorized(QueryServeError):
+    """No API key, or not one of the server's (`--api-key`): a 401 with the challenge RFC 6750
+    asks for."""
+
+    http_status = 401
+    grpc_code = "UNAUTHENTICATED"
+    outcome = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"www-authenticate": 'Bearer realm="queryserve"'})
+
+
+class Forbidden(QueryServeError):
+    """A request the server refuses to answer whoever sends it: a Host it does not answer to
+    (DNS rebinding) or a browser's cross-origin request from an origin not allowed."""
+
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
+    outcome = "forbidden"
+
+
 class MethodNotAllowed(QueryServeError):
     """A known route asked with another method; `allow` names the methods it takes (the
     Allow header HTTP requires on a 405)."""

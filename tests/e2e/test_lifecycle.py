@@ -36,7 +36,7 @@ def infer_body(*texts: str) -> dict[str, object]:
 
 
 def raw_request(method: str, path: str, body: bytes = b"") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    return (f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
@@ -212,7 +212,7 @@ def test_a_malformed_ensemble_leaves_the_other_models_serving(tmp_path: Path) ->
     with port_log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
-             "--http", f"127.0.0.1:{port}"], stdout=sink, stderr=subprocess.STDOUT)
+             "--http", f"127.0.0.1:{port}", "--grpc", "off"], stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

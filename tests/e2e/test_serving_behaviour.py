@@ -106,7 +106,7 @@ def test_request_of_a_client_that_left_is_dropped_before_the_model(
         server: RunningServer) -> None:
     before = stats(server, "slow")["inference_count"]
     body = httpx.Request("POST", "http://x/", json=infer_body("left early")).read()
-    head = (f"POST /v2/models/slow/infer HTTP/1.1\r\nhost: x\r\n"
+    head = (f"POST /v2/models/slow/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode()
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url, timeout=10) as client:
         # "stays" occupies the single instance for 300 ms; "left early" queues behind it and
@@ -138,9 +138,9 @@ def test_pipelined_requests_are_answered_in_order(server: RunningServer) -> None
     requests = b""
     for text in ("first", "second", "third"):
         body = httpx.Request("POST", "http://x/", json=infer_body(text)).read()
-        requests += (f"POST /v2/models/flaky/infer HTTP/1.1\r\nhost: x\r\n"
+        requests += (f"POST /v2/models/flaky/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
                      f"content-length: {len(body)}\r\n\r\n").encode() + body
-    requests += b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    requests += b"GET /v2/health/live HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n"
     port = server.port
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(requests)
@@ -164,8 +164,8 @@ def test_expect_100_continue_is_honoured(server: RunningServer, tmp_path: Path) 
     port = server.port
     body = httpx.Request("POST", "http://x/", json=infer_body("x" * 3000)).read()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall((f"POST /v2/models/fast/infer HTTP/1.1\r\nhost: x\r\nexpect: 100-continue"
-                      f"\r\ncontent-length: {len(body)}\r\n\r\n").encode())
+        sock.sendall((f"POST /v2/models/fast/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                      f"expect: 100-continue\r\ncontent-length: {len(body)}\r\n\r\n").encode())
         assert sock.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
         sock.sendall(body)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
@@ -192,7 +192,7 @@ def test_a_stalled_request_gets_408_and_an_idle_connection_is_closed(tmp_path: P
                            "--idle-timeout", "1.5")
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
-            sock.sendall(b"POST /v2/models/fast/infer HTTP/1.1\r\nhost: x\r\n"
+            sock.sendall(b"POST /v2/models/fast/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
                          b"content-length: 10\r\n\r\n{")  # 9 bytes never come
             started = time.monotonic()
             answer = sock.recv(4096)
@@ -201,7 +201,7 @@ def test_a_stalled_request_gets_408_and_an_idle_connection_is_closed(tmp_path: P
             assert sock.recv(4096) == b""  # closed after the 408
             assert 0.9 < time.monotonic() - started < 5
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
-            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
             started = time.monotonic()
             assert sock.recv(4096) == b""  # idle keep-alive connection closed by the server
@@ -212,7 +212,7 @@ def test_a_stalled_request_gets_408_and_an_idle_connection_is_closed(tmp_path: P
 
 def test_an_upgrade_request_is_answered_once_as_plain_http(server: RunningServer) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\n"
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: upgrade\r\n"
                      b"upgrade: websocket\r\n\r\n")
         received = b""
         while chunk := sock.recv(65536):
@@ -246,7 +246,8 @@ def test_serve_on_a_taken_port_or_with_a_bad_limit_says_so(server: RunningServer
                                                              tmp_path: Path) -> None:
     def serve(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "queryserve", "serve", "--repository",
-                               str(tmp_path), *args], capture_output=True, text=True, timeout=60)
+                               str(tmp_path), "--grpc", "off", *args],
+                              capture_output=True, text=True, timeout=60)
 
     taken = serve("--http", server.host_port)
     assert taken.returncode == 1 and "Traceback" not in taken.stderr

@@ -12,7 +12,7 @@ from queryserve.bench.payloads import build_payloads, read_queries
 from queryserve.bench.server_stats import stats_delta
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import BenchError
-from queryserve.server.kserve import decode_infer_request
+from queryserve.server.kserve_json import decode_infer_request
 
 CONFIG = ModelConfig(
     name="embed", path=Path("."), backend="fake", pipeline="text_embedding", max_batch_size=8,
@@ -33,6 +33,23 @@ def test_kserve_bodies_decode_to_the_queries(protocol: str) -> None:
         assert request.binary_default  # vectors come back binary too
 
 
+def test_grpc_bodies_decode_to_the_queries_with_the_servers_grpc_codec() -> None:
+    from queryserve.server.grpc import codec
+    from queryserve.server.grpc.proto import grpc_service_pb2 as pb
+
+    payloads = build_payloads("grpc", QUERIES, model="embed", items_per_request=2)
+    message = pb.ModelInferRequest.FromString(payloads.bodies[0])
+    request = codec.decode_infer_request(message, CONFIG)
+    assert message.model_name == "embed"
+    assert [t.decode() for t in request.inputs["text"]] == QUERIES[:2]  # type: ignore[union-attr]
+    assert request.binary_default  # raw in, raw out: as perf_analyzer asks
+    assert endpoint_url("grpc://127.0.0.1:8001", "grpc", "embed", None) == "grpc://127.0.0.1:8001"
+    with pytest.raises(BenchError, match="add --protocol grpc"):
+        endpoint_url("grpc://127.0.0.1:8001", "kserve", "embed", None)
+    with pytest.raises(BenchError, match=r"e\.g\. grpc://127\.0\.0\.1:8001"):
+        endpoint_url("http://127.0.0.1:8000", "grpc", "embed", None)
+
+
 def test_openai_bodies_cycle_through_the_queries() -> None:
     payloads = build_payloads("openai", QUERIES, model="minilm", items_per_request=1)
     assert [json.loads(b) for b in payloads.bodies] == [
@@ -41,7 +58,7 @@ def test_openai_bodies_cycle_through_the_queries() -> None:
 
 def test_bad_payload_options_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(BenchError, match="protocol"):
-        build_payloads("grpc", QUERIES, model="m")
+        build_payloads("thrift", QUERIES, model="m")
     with pytest.raises(BenchError, match="does not exist"):
         read_queries(tmp_path / "nope.jsonl")
     bad = tmp_path / "q.jsonl"

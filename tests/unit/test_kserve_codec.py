@@ -11,7 +11,7 @@ import pytest
 
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput, UnsupportedMediaType
-from queryserve.server.kserve import decode_infer_request, encode_infer_response
+from queryserve.server.kserve_json import decode_infer_request, encode_infer_response
 
 CONFIG = ModelConfig(
     name="embed", path=Path("."), backend="fake", pipeline="text_embedding", max_batch_size=8,

@@ -81,12 +81,23 @@ class BenchPlan:
 
 
 def endpoint_url(url: str, protocol: str, model: str, path: str | None) -> str:
-    """The URL to load: ``path`` if given, else the URL's own path, else the protocol's route."""
+    """The URL to load: ``path`` if given, else the URL's own path, else the protocol's route;
+    for gRPC, ``grpc://HOST:PORT`` (every call is `ModelInfer`)."""
     parts = urlsplit(url)
     try:
-        parts.port  # noqa: B018  (raises on a port that is not a number in 0-65535)
+        port = parts.port
     except ValueError:
         raise BenchError(f"{url!r} has no valid port; e.g. http://127.0.0.1:8000") from None
+    if protocol == "grpc":
+        if parts.scheme != "grpc" or not parts.hostname or port is None:
+            raise BenchError("--protocol grpc loads the server's gRPC address, e.g. "
+                             f"grpc://127.0.0.1:8001 (serve --grpc); got {url!r}")
+        if path is not None:
+            raise BenchError("--path does not apply to --protocol grpc: every call is "
+                             "ModelInfer")
+        return f"grpc://{parts.netloc}"
+    if parts.scheme == "grpc":
+        raise BenchError(f"{url!r} is a gRPC address: add --protocol grpc")
     if parts.scheme != "http" or not parts.hostname:
         raise BenchError(f"need an http:// URL such as http://127.0.0.1:8000, got {url!r}")
     if path is None:
@@ -180,11 +191,20 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
         observer.step_finished(rec)
 
     async def open_loop(rate: float) -> LoadResult:
-        return await measured(rate_label(rate), plan.warmup_s + plan.duration_s, run_open_loop(
-            plan.url, p.bodies, rate, plan.duration_s, warmup_s=plan.warmup_s,
-            poisson=plan.poisson, seed=plan.seed, connections=plan.connections,
-            max_connections=plan.max_connections, headers=plan.headers,
-            content_type=p.content_type, body_headers=p.body_headers))
+        if plan.protocol == "grpc":
+            from queryserve.bench.loadgen.grpc_open_loop import run_grpc_open_loop
+
+            run = run_grpc_open_loop(
+                plan.url, p.bodies, rate, plan.duration_s, warmup_s=plan.warmup_s,
+                poisson=plan.poisson, seed=plan.seed, connections=plan.connections,
+                max_connections=plan.max_connections, headers=plan.headers)
+        else:
+            run = run_open_loop(
+                plan.url, p.bodies, rate, plan.duration_s, warmup_s=plan.warmup_s,
+                poisson=plan.poisson, seed=plan.seed, connections=plan.connections,
+                max_connections=plan.max_connections, headers=plan.headers,
+                content_type=p.content_type, body_headers=p.body_headers)
+        return await measured(rate_label(rate), plan.warmup_s + plan.duration_s, run)
 
     def open_trial(trial: Trial) -> None:
         record(trial, rate_label(trial.level))
@@ -210,6 +230,9 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
         _, reason = await sweep(plan.rates, open_loop, plan.stop,
                                 items_per_request=p.items_per_request, on_trial=open_trial)
     else:
+        if plan.protocol == "grpc":
+            raise BenchError("closed-loop phases (--phase, --users) run over HTTP only; over "
+                             "gRPC use --rate, --rates or the max-rate search")
         history: list[LoadResult] = []
         for i, phase in enumerate(plan.phases):
             # Warm up once, in the first phase; later phases continue a warm server.

@@ -83,10 +83,12 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                     "percentiles, the server's queue/compute split and cost per inference. "
                     "Without a load shape it searches the highest rate whose p99 stays under "
                     "--p99-ms.")
-    bench.add_argument("url", help="server, e.g. http://127.0.0.1:8000 (loopback only)")
+    bench.add_argument("url", help="server, e.g. http://127.0.0.1:8000, or its gRPC address "
+                                   "grpc://127.0.0.1:8001 with --protocol grpc (loopback only)")
     bench.add_argument("--model", default="embed", help="model name (default: %(default)s)")
     bench.add_argument("--protocol", choices=PROTOCOLS, default="kserve",
-                       help="request format: KServe v2 JSON or binary, OpenAI embeddings, "
+                       help="request format: KServe v2 JSON or binary, KServe v2 gRPC "
+                            "(ModelInfer, raw tensors; open loop only), OpenAI embeddings, "
                             "or a task route (/v1/spell, /v1/intent, /v1/search) "
                             "(default: %(default)s)")
     bench.add_argument("--path", default=None,
@@ -133,11 +135,14 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                             "inferences")
     bench.add_argument("--header", action="append", type=_header, default=[],
                        metavar="NAME:VALUE",
-                       help="extra HTTP header on every request and stats read (repeat)")
+                       help="extra HTTP header (gRPC: metadata) on every request and stats "
+                            "read (repeat)")
     bench.add_argument("--connections", type=count, default=4,
-                       help="connections opened up front (open loop)")
+                       help="connections opened up front (open loop; gRPC: channels, each "
+                            "one connection)")
     bench.add_argument("--max-connections", type=count, default=256,
-                       help="most connections the open loop may open")
+                       help="most connections the open loop may open (gRPC: most calls in "
+                            "flight)")
     bench.add_argument("--out", type=Path, default=None,
                        help="folder for results.json/.csv, report.html and plots "
                             "(default: bench-out/bench-DATE-TIME)")

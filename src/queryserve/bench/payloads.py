@@ -15,7 +15,7 @@ from pathlib import Path
 
 from queryserve.errors import BenchError
 
-PROTOCOLS = ("kserve", "kserve-binary", "openai", "spell", "intent", "search")
+PROTOCOLS = ("kserve", "kserve-binary", "grpc", "openai", "spell", "intent", "search")
 DEFAULT_PATHS = {
     "kserve": "/v2/models/{model}/infer",
     "kserve-binary": "/v2/models/{model}/infer",
@@ -23,6 +23,7 @@ DEFAULT_PATHS = {
     "spell": "/v1/spell",
     "intent": "/v1/intent",
     "search": "/v1/search",  # one query per request; --model is ignored
+    "grpc": "/inference.GRPCInferenceService/ModelInfer",  # KServe v2 gRPC, a grpc:// URL
 }
 
 
@@ -97,9 +98,12 @@ def build_payloads(protocol: str, queries: Sequence[str], *, model: str,
                                           "datatype": "BYTES", "data": g}]}).encode()
                   for g in groups]
         return Payloads(bodies, "application/json", None, items_per_request)
+    if protocol == "grpc":
+        return Payloads([_model_infer_request(model, input_name, g) for g in groups],
+                        "application/grpc", None, items_per_request)
     bodies, headers = [], []
     for g in groups:
-        blob = b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in g))
+        blob = _bytes_tensor(g)
         header = json.dumps({
             "inputs": [{"name": input_name, "shape": [len(g), 1], "datatype": "BYTES",
                         "parameters": {"binary_data_size": len(blob)}}],
@@ -108,3 +112,19 @@ def build_payloads(protocol: str, queries: Sequence[str], *, model: str,
         bodies.append(header + blob)
         headers.append({"Inference-Header-Content-Length": str(len(header))})
     return Payloads(bodies, "application/octet-stream", headers, items_per_request)
+
+
+def _bytes_tensor(texts: Sequence[str]) -> bytes:
+    """Texts as a raw BYTES tensor: each a 4-byte little-endian length, then its UTF-8."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in texts))
+
+
+def _model_infer_request(model: str, input_name: str, texts: Sequence[str]) -> bytes:
+    """A serialized KServe v2 gRPC `ModelInferRequest` with the texts as a raw BYTES tensor,
+    as tritonclient and perf_analyzer send them (and are answered raw)."""
+    from queryserve.server.grpc.proto import grpc_service_pb2 as pb  # grpcio for gRPC runs only
+
+    request = pb.ModelInferRequest(model_name=model, raw_input_contents=[_bytes_tensor(texts)])
+    request.inputs.add(name=input_name, datatype="BYTES", shape=[len(texts), 1])
+    serialized: bytes = request.SerializeToString()
+    return serialized

@@ -38,7 +38,7 @@ def build_repository(root: Path, model: str, model_dir: Path, config: dict[str, 
     return root
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -57,14 +57,17 @@ def peak_rss_mb(pid: int) -> float | None:
 
 
 @contextlib.contextmanager
-def serving(repository: Path, cores: int, total_cores: int,
-            log_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serving(repository: Path, cores: int, total_cores: int, log_path: Path,
+            grpc: str | None = "off") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`queryserve serve` on a free loopback port, pinned to ``cores`` cores, until the block
-    ends; yields (base URL, process) once the model is ready."""
-    port = _free_port()
+    ends; yields (base URL, process) once the model is ready. ``grpc``: the `--grpc` address
+    (off by default, so no fixed port is taken); None leaves the flag out, for a commit that
+    predates it."""
+    port = free_port()
     cpus = sorted(os.sched_getaffinity(0))[:cores]
     command = [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
-               "--http", f"127.0.0.1:{port}", "--cores", str(cores)]
+               "--http", f"127.0.0.1:{port}", "--cores", str(cores),
+               *(("--grpc", grpc) if grpc is not None else ())]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT,

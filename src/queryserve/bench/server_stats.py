@@ -1,9 +1,9 @@
 """The server's own view of a run: Triton's statistics extension read before and after.
 
-`/v2/models/{m}/stats` is cumulative, so the difference between two reads is what one step
-cost the server: how long requests queued, how long they computed, how batches formed. It
-works against queryserve and Triton alike; for servers without it (OpenAI-style peers) the
-breakdown is simply absent.
+`/v2/models/{m}/stats` (gRPC: `ModelStatistics`) is cumulative, so the difference between two
+reads is what one step cost the server: how long requests queued, how long they computed, how
+batches formed. It works against queryserve and Triton alike; for servers without it
+(OpenAI-style peers) the breakdown is simply absent.
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ def base_url(url: str) -> str:
 
 def fetch_stats(url: str, model: str, headers: dict[str, str] | None = None,
                 timeout_s: float = 5.0) -> dict[str, Any] | None:
-    """The model's entry of `/v2/models/{model}/stats`, or None if the server has none.
+    """The model's entry of `/v2/models/{model}/stats` (over gRPC for a ``grpc://`` URL: the
+    same document, from `ModelStatistics`), or None if the server has none.
 
     ``headers`` go with the request (PyTriton guards its statistics with an access token)."""
+    if url.startswith("grpc://"):
+        return _fetch_grpc_stats(urlsplit(url).netloc, model, headers or {}, timeout_s)
     endpoint = f"{base_url(url)}/v2/models/{quote(model, safe='')}/stats"
     request = urllib.request.Request(endpoint, headers=headers or {})
     try:
@@ -35,6 +38,32 @@ def fetch_stats(url: str, model: str, headers: dict[str, str] | None = None,
         return None
     entries = body.get("model_stats") if isinstance(body, dict) else None
     if not isinstance(entries, list) or not entries or not isinstance(entries[0], dict):
+        return None
+    entry: dict[str, Any] = entries[0]
+    return entry
+
+
+def _fetch_grpc_stats(address: str, model: str, headers: dict[str, str],
+                      timeout_s: float) -> dict[str, Any] | None:
+    import grpc
+    from google.protobuf import json_format
+
+    from queryserve.server.grpc.proto import grpc_service_pb2 as pb
+
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics",
+                                   request_serializer=pb.ModelStatisticsRequest.SerializeToString,
+                                   response_deserializer=pb.ModelStatisticsResponse.FromString)
+        try:
+            answer = call(pb.ModelStatisticsRequest(name=model), timeout=timeout_s,
+                          metadata=[(k.lower(), v) for k, v in headers.items()])
+        except grpc.RpcError:
+            return None
+    # The JSON mapping of the message is the HTTP document (64-bit counts as strings, which
+    # `stats_delta` reads with int()).
+    entries = json_format.MessageToDict(answer, preserving_proto_field_name=True).get(
+        "model_stats")
+    if not isinstance(entries, list) or not entries:
         return None
     entry: dict[str, Any] = entries[0]
     return entry

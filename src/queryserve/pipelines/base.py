@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from queryserve.api import Inputs
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
-from queryserve.errors import ConfigError
+from queryserve.errors import ConfigError, InvalidInput
 from queryserve.scheduling.cache import LruCache
 from queryserve.scheduling.scheduler import Scheduler
 from queryserve.scheduling.stats import ModelStats
@@ -120,8 +120,23 @@ class TextPipeline(ABC, Generic[P, R, Res]):
     # -- the request path, on the event loop --------------------------------------------------
 
     async def infer(self, inputs: Inputs) -> Res:
+        if inputs.token_ids is not None:
+            return await self._infer_ids(inputs, inputs.token_ids)
         rows, tokens = await self.rows(inputs.texts, inputs.pairs, inputs.timeout_s)
         return self.result(inputs, rows, tokens)
+
+    def encode_ids(self, rows: Sequence[Sequence[int]]) -> list[P]:
+        """Payloads from rows already tokenized (`Inputs.token_ids`); a pipeline that takes
+        them checks each id against its vocabulary. By default a model takes text only."""
+        raise InvalidInput(f"model '{self.config.name}' takes text, not token ids")
+
+    async def _infer_ids(self, inputs: Inputs, token_ids: Sequence[Sequence[int]]) -> Res:
+        """Rows of token ids skip the tokenizer and the response cache (keyed by text), and
+        take the same queue and batches as text."""
+        payloads = self.encode_ids(token_ids)
+        counts = [self.count(p) for p in payloads]
+        rows = await self._run(payloads, counts, inputs.timeout_s)
+        return self.result(inputs, rows, sum(counts))
 
     async def rows(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                    timeout_s: float | None = None) -> tuple[list[R], int]:
@@ -137,10 +152,11 @@ class TextPipeline(ABC, Generic[P, R, Res]):
             fresh = [texts[i] for i in misses]
             fresh_pairs = None if pairs is None else [pairs[i] for i in misses]
             if len(misses) <= ENCODE_ON_LOOP_MAX:
-                payloads = self.encode(fresh, fresh_pairs)
+                payloads, elapsed_ns = self._encode_timed(fresh, fresh_pairs)
             else:  # the tokenizer releases the GIL: the loop serves others meanwhile
-                payloads = await asyncio.get_running_loop().run_in_executor(
-                    None, self.encode, fresh, fresh_pairs)
+                payloads, elapsed_ns = await asyncio.get_running_loop().run_in_executor(
+                    None, self._encode_timed, fresh, fresh_pairs)
+            self.stats.record_tokenize(elapsed_ns)  # on the loop, wherever it ran: no lock
             counts = [self.count(p) for p in payloads]
             tokens += sum(counts)
             results = await self._run(payloads, counts, timeout_s)
@@ -149,6 +165,14 @@ class TextPipeline(ABC, Generic[P, R, Res]):
                 if self.cache is not None:
                     self.cache.put(keys[i], (_owned(row), count))
         return rows, tokens  # type: ignore[return-value]  # every row is filled
+
+    def _encode_timed(self, texts: Sequence[str],
+                      pairs: Sequence[str] | None) -> tuple[list[P], int]:
+        """`encode`, and the nanoseconds it took: one clock pair per request, read where the
+        work runs (a worker thread's wait for the executor is not tokenizing)."""
+        started = time.perf_counter_ns()
+        payloads = self.encode(texts, pairs)
+        return payloads, time.perf_counter_ns() - started
 
     async def _run(self, payloads: list[P], counts: list[int],
                    timeout_s: float | None) -> list[R]:

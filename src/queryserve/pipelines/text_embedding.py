@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 from queryserve.api import Classifications, Embeddings, Inputs, Label, integer_parameter
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
+from queryserve.errors import InvalidInput
 from queryserve.pipelines.base import Res, TextPipeline
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
@@ -56,6 +57,8 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         self.tokenizer = tokenizer
         self.dim = config.outputs[0].dims[-1]
         self.wants_token_types = "token_type_ids" in backends[0].input_names
+        self.vocabulary_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.max_length: int | None = (tokenizer.truncation or {}).get("max_length")
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[Array]:
         if pairs is not None:
@@ -72,6 +75,19 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         encodings = ([self.tokenizer.encode(*pairs[0])] if len(pairs) == 1
                      else self.tokenizer.encode_batch(list(pairs)))
         return [np.asarray([e.ids, e.type_ids], dtype=np.int64) for e in encodings]
+
+    def encode_ids(self, rows: Sequence[Sequence[int]]) -> list[Array]:
+        """Rows of ids as given, truncated to the tokenizer's `max_length` as text is; an id
+        outside the vocabulary would index past the embedding table, so it is refused."""
+        for i, ids in enumerate(rows):
+            if not ids:
+                raise InvalidInput(f"row {i} of token ids is empty; send at least one id")
+            if not 0 <= min(ids) <= max(ids) < self.vocabulary_size:
+                bad = next(t for t in ids if not 0 <= t < self.vocabulary_size)
+                raise InvalidInput(
+                    f"token id {bad} (row {i}) is not in the vocabulary of model "
+                    f"'{self.config.name}': ids run from 0 to {self.vocabulary_size - 1}")
+        return [np.asarray(ids[: self.max_length], dtype=np.int64) for ids in rows]
 
     def count(self, payload: Array) -> int:
         return int(payload.shape[-1])

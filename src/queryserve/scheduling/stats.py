@@ -86,6 +86,9 @@ class ModelStats:
     queue_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     compute_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))
+    tokenize_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    """Time to tokenize one request's texts (those the cache did not answer), on the loop or
+    on a worker thread: the part of a request's time spent before it is queued."""
 
     def record_request(self, outcome: str, seconds: float) -> None:
         """One client request ended, well or badly; `outcome` labels the counter."""
@@ -116,6 +119,11 @@ class ModelStats:
         per_size.compute_input.add(input_s)
         per_size.compute_infer.add(infer_s)
         per_size.compute_output.add(output_s)
+
+    def record_tokenize(self, elapsed_ns: int) -> None:
+        """One request's texts were tokenized in `elapsed_ns` (a `perf_counter_ns` pair). Called
+        on the event loop, also for texts tokenized on a worker thread, so no lock is needed."""
+        self.tokenize_latency.observe(elapsed_ns / 1e9)
 
     def as_triton_json(self, name: str, version: str) -> dict[str, object]:
         """The model's entry of Triton's statistics extension (`model_stats[i]`)."""

@@ -1,41 +1,108 @@
-"""The application: every front end's routes on one router, and the one place where an error
-becomes a response.
+"""The application: every front end's routes on one router, what every request goes through
+(its id, the access checks, CORS, the access log, a trace span), and the one place where an
+error becomes a response.
 
 Front ends are adapters, one module per protocol: KServe v2 HTTP (`kserve_http`), OpenAI's
-embeddings (`openai`), the task routes (`tasks`), Prometheus (`metrics`) and the web pages
-(`pages`). Each is decode -> `model.infer` -> encode over the model API; none knows another,
-and the transport (`http.py`) knows none of them.
+embeddings and models (`openai`), Cohere-style rerank (`rerank`), the task routes (`tasks`),
+Prometheus (`metrics`) and the web pages (`pages`). Each is decode -> `model.infer` -> encode
+over the model API; none knows another, and the transport (`http.py`) knows none of them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
+import time
 
 from queryserve.errors import QueryServeError
 from queryserve.repository import ModelRepository
-from queryserve.server import kserve_http, metrics, openai, pages, tasks
+from queryserve.server import kserve_http, metrics, openai, openai_protocol, pages, rerank, tasks
+from queryserve.server.access_log import AccessLog
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.routing import Limits, Router, ServerState
+from queryserve.server.security import AccessControl
+from queryserve.server.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
-FRONT_ENDS = (kserve_http, openai, tasks, metrics, pages)
+FRONT_ENDS = (kserve_http, openai, rerank, tasks, metrics, pages)
+MAX_REQUEST_ID_CHARS = 200
 
 
 class ServerApp:
-    def __init__(self, repository: ModelRepository, limits: Limits | None = None) -> None:
-        self.state = ServerState(repository, limits or Limits())
+    def __init__(self, repository: ModelRepository, limits: Limits | None = None,
+                 auth: AccessControl | None = None, aliases: dict[str, str] | None = None,
+                 access_log: AccessLog | None = None, tracing: Tracing | None = None) -> None:
+        self.state = ServerState(repository, limits or Limits(), auth=auth or AccessControl(),
+                                 aliases=aliases or {})
         self.router = Router()
         for front_end in FRONT_ENDS:
             front_end.add_routes(self.router, self.state)
+        self.access_log = access_log
+        self.tracing = tracing
+        # Request ids made here are this process's random prefix and a counter: unique across
+        # restarts and replicas, and cheaper than a uuid4 per request.
+        self._ids = itertools.count(1)
+        self._id_prefix = secrets.token_hex(4)
 
     async def __call__(self, request: Request) -> Response:
+        started = time.perf_counter()
+        headers = request.headers
+        given = headers.get("x-request-id")
+        request.id = (given if given is not None and _valid_id(given)
+                      else f"{self._id_prefix}-{next(self._ids):x}")
+        span = self.tracing.start(request) if self.tracing is not None else None
+        origin = headers.get("origin")
+        auth = self.state.auth
         try:
-            return await self.router(request)
+            if auth.guarding:
+                response = await self._guarded(request, origin)
+            else:
+                response = await self.router(request)
         except QueryServeError as exc:
-            response = json_error(exc.http_status, exc.message)
-            response.headers.extend(exc.headers.items())
-            return response
+            response = error_response(request.path, exc)
         except Exception:
-            log.exception("error answering %s %s", request.method[:20], request.path[:200])
-            return json_error(500, "internal server error")
+            log.exception("error answering %s %s (request %s)", request.method[:20],
+                          request.path[:200], request.id)
+            response = error_response(request.path, QueryServeError("internal server error"))
+        response.headers.append(("x-request-id", request.id))
+        if origin is not None and auth.cors_origins and auth.cors_allows(origin):
+            response.headers.extend(auth.cors_headers(origin))
+        if self.access_log is not None:
+            self.access_log.write(request, response, time.perf_counter() - started)
+        if span is not None:
+            self.tracing.end(span, request, response)  # type: ignore[union-attr]
+        return response
+
+    async def _guarded(self, request: Request, origin: str | None) -> Response:
+        """The Host and Origin checks, a CORS preflight's answer, the API key; then the route."""
+        auth = self.state.auth
+        host = request.headers.get("host")
+        auth.check_host(host)
+        if origin is not None:
+            auth.check_origin(origin, host)
+            if request.method == "OPTIONS" and \
+                    "access-control-request-method" in request.headers:
+                return Response(204, headers=auth.preflight_headers())
+        auth.check_key(request.path, request.headers.get("authorization"))
+        return await self.router(request)
+
+
+def error_response(path: str, error: QueryServeError) -> Response:
+    """The error as the front end that owns `path` writes one, with the headers it carries
+    (Retry-After, Allow, WWW-Authenticate): OpenAI's error object on the OpenAI-style routes,
+    whose SDKs read its `type`, `param` and `code`; `{"error": message}`, KServe's shape,
+    everywhere else."""
+    if openai_protocol.owns(path):
+        response = openai_protocol.error_response(error)
+    else:
+        response = json_error(error.http_status, error.message)
+    response.headers.extend(error.headers.items())
+    return response
+
+
+def _valid_id(value: str) -> bool:
+    """A client's request id is echoed in a header: visible ASCII only, and not too long."""
+    return 0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii() and value.isprintable() \
+        and " " not in value

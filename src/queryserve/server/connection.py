@@ -19,6 +19,9 @@ A client that sends requests faster than it reads the answers is held back, not 
 the transport's write buffer is above its high-water mark the connection reads nothing and starts
 no request, and at most `MAX_PIPELINED` requests (plus one `FEED_BYTES` slice of them) are parsed
 ahead of the one being answered; the rest stays in the kernel's buffers.
+
+Every refusal is counted by its reason (`RejectionReason`) in the server's `rejections`, which
+`/metrics` exports: an increment on the error path, nothing on the hot path.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import asyncio
 import logging
 from collections import deque
 from http import HTTPStatus
-from typing import NoReturn, Protocol
+from typing import Literal, NoReturn, Protocol, get_args
 from urllib.parse import unquote
 
 import httptools
@@ -41,6 +44,23 @@ MAX_PIPELINED = 32  # requests parsed ahead of the one being answered before rea
 # (a read is up to 256 KiB) stops being parsed once the pipeline is full: a few hundred parsed
 # requests at most, not thousands. A short request is one read, fed whole.
 FEED_BYTES = 8 * 1024
+
+RejectionReason = Literal[
+    "bad_request",  # 400: a request line, header, Content-Length or target that does not parse
+    "upgrade",  # 400: a protocol upgrade (WebSocket, h2c) not answerable as plain HTTP
+    "url_too_long",  # 414: a request target over `max_url_bytes`
+    "headers_too_large",  # 431: a head (or a chunked body's trailers) over `max_header_bytes`
+    "body_too_large",  # 413: a body over `max_body_bytes`, declared or streamed
+    "header_timeout",  # 408: a head not complete within `header_timeout_s` (slowloris)
+    "read_timeout",  # 408: a body that stopped arriving for `read_timeout_s`
+    "not_reading",  # dropped: the client took none of its answers for `read_timeout_s`
+    "internal_error",  # 500: a bug of ours while parsing (logged)
+    "max_connections",  # 503 on connect: at `max_connections`, with no silent one to evict
+    "draining",  # 503 on connect: the server is shutting down
+    "evicted",  # closed: connected and silent at the cap, to make room for a newcomer
+]
+"""Why the transport refused a request or a connection before any handler saw it."""
+REJECTION_REASONS: tuple[RejectionReason, ...] = get_args(RejectionReason)
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 # `head_bytes` when no request head is incomplete, and when one began in the slice being fed.
@@ -59,6 +79,7 @@ class ConnectionOwner(Protocol):
     limits: HttpLimits
     loop: asyncio.AbstractEventLoop
     date: bytes  # the `date` header line, renewed each second
+    rejections: dict[str, int]  # refusals by `RejectionReason`, every reason present
 
     def admit(self, connection: HttpConnection) -> bool:
         """Count a new connection in, or refuse it (over `max_connections`, or draining)."""
@@ -194,15 +215,15 @@ class HttpConnection(asyncio.Protocol):
                 self.rejected = self.closing = True
                 self.unparsed = b""
             else:
-                self._fail(400, "protocol upgrades are not supported")
+                self._fail(400, "protocol upgrades are not supported", "upgrade")
             return
         except httptools.HttpParserCallbackError as exc:
             if not isinstance(exc.__context__, _Stop):  # a bug of ours, not the client's
                 log.error("unhandled error parsing a request", exc_info=exc.__context__)
-                self._fail(500, "internal server error")
+                self._fail(500, "internal server error", "internal_error")
             return
         except httptools.HttpParserError as exc:
-            self._fail(400, f"malformed HTTP request: {exc}")
+            self._fail(400, f"malformed HTTP request: {exc}", "bad_request")
             return
         if self.head_bytes != _NO_HEAD:
             # A head (or a chunked body's trailers) is still incomplete and the parser holds its
@@ -213,7 +234,7 @@ class HttpConnection(asyncio.Protocol):
                 self.head_bytes += len(data)
                 if self.head_bytes > self.max_header_bytes:
                     self._fail(431, f"request headers (or trailers) are over the limit of "
-                                    f"{self.max_header_bytes} bytes")
+                                    f"{self.max_header_bytes} bytes", "headers_too_large")
 
     def _feed_slices(self, data: bytes) -> None:
         """Feed `data` a slice at a time, keeping the rest once the pipeline is full."""
@@ -242,9 +263,9 @@ class HttpConnection(asyncio.Protocol):
             self.transport.resume_reading()
             self.read_paused = False
 
-    def _refuse(self, status: int, message: str) -> NoReturn:
+    def _refuse(self, status: int, message: str, reason: RejectionReason) -> NoReturn:
         """From a parser callback: answer with an error, close, and stop the parser."""
-        self._fail(status, message)
+        self._fail(status, message, reason)
         raise _Stop
 
     # -- httptools callbacks ------------------------------------------------------------------
@@ -259,13 +280,14 @@ class HttpConnection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > self.max_url_bytes:
-            self._refuse(414, f"request target is over the limit of {self.max_url_bytes} bytes")
+            self._refuse(414, f"request target is over the limit of {self.max_url_bytes} bytes",
+                         "url_too_long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value)
         if self.header_bytes > self.max_header_bytes:
             self._refuse(431, f"request headers are over the limit of "
-                              f"{self.max_header_bytes} bytes")
+                              f"{self.max_header_bytes} bytes", "headers_too_large")
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -277,10 +299,11 @@ class HttpConnection(asyncio.Protocol):
         if length is not None:
             # llhttp checks it too; ASCII digits only here, as `int` refuses '²' that isdigit takes
             if not (length.isascii() and length.isdigit()):
-                self._refuse(400, f"Content-Length {length!r} is not a number of bytes")
+                self._refuse(400, f"Content-Length {length!r} is not a number of bytes",
+                             "bad_request")
             if int(length) > self.max_body_bytes:
                 self._refuse(413, f"request body of {length} bytes is over the limit of "
-                                  f"{self.max_body_bytes} bytes")
+                                  f"{self.max_body_bytes} bytes", "body_too_large")
         if (self.headers.get("expect", "").lower() == "100-continue" and self.transport
                 and self.current is None and not self.pending):
             # Only when nothing is answered before it: an interim answer must come in order.
@@ -295,7 +318,8 @@ class HttpConnection(asyncio.Protocol):
         self.head_bytes = _NO_HEAD
         self.body_bytes += len(body)
         if self.body_bytes > self.max_body_bytes:
-            self._refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes")
+            self._refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes",
+                         "body_too_large")
         self.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -306,7 +330,8 @@ class HttpConnection(asyncio.Protocol):
         try:
             parsed = httptools.parse_url(self.url)
         except httptools.HttpParserInvalidURLError:
-            self._refuse(400, f"request target {self.url[:200]!r} is not a path")
+            self._refuse(400, f"request target {self.url[:200]!r} is not a path",
+                         "bad_request")
         # An absolute-form target with no path ("http://host") means "/" (RFC 9112 3.2.2).
         path = parsed.path.decode("utf-8", "replace") if parsed.path else "/"
         request = Request(
@@ -380,6 +405,8 @@ class HttpConnection(asyncio.Protocol):
             # taken none for the read timeout is gone or hostile, and a 408 would only queue
             # behind what it does not read.
             if quiet >= limits.read_timeout_s:
+                if self.transport is not None:  # else closed already, and counted if refused
+                    self.server.rejections["not_reading"] += 1
                 self.abort()
                 return
             next_s = min(next_s, limits.read_timeout_s - quiet)
@@ -389,7 +416,7 @@ class HttpConnection(asyncio.Protocol):
                 if late >= limits.header_timeout_s:
                     if self.in_message:
                         self._fail(408, f"the request head did not arrive within "
-                                        f"{limits.header_timeout_s:g} s")
+                                        f"{limits.header_timeout_s:g} s", "header_timeout")
                     else:
                         self._close()  # a new connection that sent nothing: no request to answer
                     return
@@ -398,7 +425,7 @@ class HttpConnection(asyncio.Protocol):
             if quiet >= limit:
                 if self.in_message:
                     self._fail(408, f"the client sent nothing for {limits.read_timeout_s:g} s "
-                                    f"in the middle of a request")
+                                    f"in the middle of a request", "read_timeout")
                 else:
                     self._close()
                 return
@@ -418,10 +445,12 @@ class HttpConnection(asyncio.Protocol):
         lines.append(b"\r\n")
         self.transport.writelines([b"".join(lines), b"" if head else response.body])
 
-    def _fail(self, status: int, message: str) -> None:
-        """Answer a request we will not read to the end, then close the connection."""
+    def _fail(self, status: int, message: str, reason: RejectionReason) -> None:
+        """Answer a request we will not read to the end, then close the connection; count the
+        refusal under `reason`."""
         if self.transport is None or self.fatal is not None:
             return  # already refused, or gone
+        self.server.rejections[reason] += 1
         self.rejected = True
         self.unparsed = b""
         if self.current is not None or self.pending:

@@ -22,7 +22,13 @@ import logging
 import time
 from email.utils import formatdate
 
-from queryserve.server.connection import FEED_BYTES, MAX_PIPELINED, HttpConnection
+from queryserve.server.connection import (
+    FEED_BYTES,
+    MAX_PIPELINED,
+    REJECTION_REASONS,
+    HttpConnection,
+    RejectionReason,
+)
 from queryserve.server.http_types import (
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
@@ -39,9 +45,9 @@ from queryserve.server.http_types import (
 
 __all__ = [
     "DRAIN_TIMEOUT_S", "FEED_BYTES", "HEADER_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_BODY_BYTES",
-    "MAX_HEADER_BYTES", "MAX_PIPELINED", "MAX_URL_BYTES", "READ_TIMEOUT_S", "Handler",
-    "HttpConnection", "HttpLimits", "HttpServer", "Request", "Response", "json_error",
-    "start_http_server",
+    "MAX_HEADER_BYTES", "MAX_PIPELINED", "MAX_URL_BYTES", "READ_TIMEOUT_S", "REJECTION_REASONS",
+    "Handler", "HttpConnection", "HttpLimits", "HttpServer", "RejectionReason", "Request",
+    "Response", "json_error", "start_http_server",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +75,9 @@ class HttpServer:
         self.silent: dict[HttpConnection, None] = {}
         self.refused = 0  # connections turned away over `max_connections` or while shutting down
         self.evicted = 0  # silent connections closed at the cap to let a new one in
+        # Every refusal by its reason, connections and malformed requests alike; each reason is
+        # there from the start, so a scraper sees a 0 before the first one, not a new series.
+        self.rejections: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
         self.draining = False
         self.loop = asyncio.get_running_loop()
         self._drained: asyncio.Event | None = None
@@ -81,6 +90,12 @@ class HttpServer:
     @property
     def connections(self) -> int:
         return len(self.live)
+
+    @property
+    def unanswered(self) -> int:
+        """Requests read (or being read) and not yet answered, over every connection: summed
+        when asked (a scrape, the drain), so requests pay nothing for it."""
+        return sum(connection.unanswered for connection in self.live)
 
     def _tick(self) -> None:
         self.date = _date_line()
@@ -95,8 +110,10 @@ class HttpServer:
             self.forget(oldest)
             oldest.abort()
             self.evicted += 1
+            self.rejections["evicted"] += 1
         if self.draining or len(self.live) >= self.limits.max_connections:
             self.refused += 1
+            self.rejections["draining" if self.draining else "max_connections"] += 1
             return False
         self.live.add(connection)
         self.silent[connection] = None
@@ -124,7 +141,7 @@ class HttpServer:
         if self.live:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(drained.wait(), timeout_s)
-        unanswered = sum(connection.unanswered for connection in self.live)
+        unanswered = self.unanswered
         for connection in list(self.live):
             connection.abort()
         if self.live:  # aborted transports report connection_lost on the next loop turns

@@ -68,6 +68,10 @@ class Request:
     query: str
     headers: dict[str, str]
     body: bytes
+    id: str = ""
+    """The request id (`x-request-id`, taken or made), set by the application."""
+    model: str | None = None
+    """The model a route names in its path, set by the router (for the access log)."""
 
 
 @dataclass(slots=True)

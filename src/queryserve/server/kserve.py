@@ -1,144 +1,97 @@
-"""The KServe v2 / Triton inference protocol: JSON tensors and the binary tensor extension.
+"""The KServe v2 / Triton inference protocol, shared by its HTTP and gRPC front ends.
 
-Decoding checks every input against the model's config (name, datatype, shape) and names what
-is wrong; encoding writes each output as JSON or raw bytes, as the request asked.
-Binary extension: the body is a JSON header of `Inference-Header-Content-Length` bytes followed
-by the raw tensors in input order; BYTES elements are each a 4-byte little-endian length and
-the bytes.
+What both protocols share lives here: checking each input tensor against the model's config
+(name, datatype, shape) with errors that name what is wrong, raw BYTES elements (a 4-byte
+little-endian length, then the bytes), the request's parameters (`timeout`, the model's
+options), the requested outputs and Triton's classification extension, turning a request into
+the model's `Inputs` and the model's tensors into the outputs asked for, and the metadata and
+configuration documents. Each protocol adds only its wire format: `kserve_json` (HTTP's JSON
+body and binary tensor extension) and `grpc/codec.py` (the protobuf messages).
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
+from queryserve import __version__
+from queryserve.api import Inputs, decode_texts
 from queryserve.config import ModelConfig, TensorSpec
-from queryserve.errors import InvalidInput, UnsupportedMediaType
+from queryserve.errors import InvalidInput
+from queryserve.server.classification import PARAMETER as CLASSIFICATION
+from queryserve.server.classification import classification_count, top_classes
 from queryserve.types import NUMPY_DTYPES, TRITON_DATA_TYPES, Array
 
-HEADER_LENGTH = "inference-header-content-length"
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
+              "model_repository", "statistics"]
+"""The protocol extensions both front ends serve (server metadata's `extensions`)."""
+
+InputValues = list[bytes | str] | Array
+"""One input's elements, flat: texts (BYTES), or a numpy array of the declared datatype."""
 
 
 @dataclass(frozen=True, slots=True)
 class InferRequest:
     id: str | None
-    inputs: dict[str, list[bytes | str] | Array]
+    inputs: dict[str, InputValues]
     binary_outputs: dict[str, bool]
-    """Requested outputs and whether each is wanted as raw bytes; empty means all, as JSON."""
+    """Requested outputs and whether each is wanted as raw bytes; empty means all, as
+    `binary_default` says (HTTP: JSON unless `binary_data_output`; gRPC: raw when the inputs
+    came raw)."""
     binary_default: bool
     timeout_s: float | None
     parameters: dict[str, Any]
     """The request's `parameters`: the protocol's own (`timeout`, `binary_data_output`) and
     the model's options (`top_k`, `threshold`, `k`...), which the model reads."""
+    classifications: dict[str, int] = field(default_factory=dict)
+    """Outputs asked for as Triton's classification extension: name -> how many classes."""
 
 
-def decode_infer_request(body: bytes, headers: dict[str, str],
-                         config: ModelConfig) -> InferRequest:
-    if headers.get("content-encoding", "identity") not in ("identity", ""):
-        raise UnsupportedMediaType("compressed request bodies are not supported; "
-                                   "send them uncompressed")
-    header_length = headers.get(HEADER_LENGTH)
-    if header_length is not None:
-        # isdigit() alone admits digits int() refuses ('²'): ASCII digits only.
-        if not (header_length.isascii() and header_length.isdigit()) \
-                or int(header_length) > len(body):
-            raise InvalidInput(f"{HEADER_LENGTH} is {header_length[:40]!r}, but the body has "
-                               f"{len(body)} bytes")
-        split = int(header_length)
-        header, binary = parse_json(body[:split]), memoryview(body)[split:]
-    else:
-        header, binary = parse_json(body), memoryview(b"")
-    if not isinstance(header, dict):
-        raise InvalidInput("the request body must be a JSON object with 'inputs'")
-    raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise InvalidInput("'inputs' must be a non-empty list of tensors")
-    specs = {spec.name: spec for spec in config.inputs}
-    inputs: dict[str, list[bytes | str] | Array] = {}
-    offset = 0
-    for i, raw in enumerate(raw_inputs):
-        tensor, offset = _decode_input(raw, i, specs, config, binary, offset)
-        if tensor[0] in inputs:
-            raise InvalidInput(f"inputs[{i}]: input '{tensor[0]}' is given twice")
-        inputs[tensor[0]] = tensor[1]
-    missing = sorted(set(specs) - set(inputs))
-    if missing:
-        raise InvalidInput(f"model '{config.name}' needs input(s) {', '.join(missing)}")
-    if offset != len(binary):
-        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
-                           "input claims in 'binary_data_size'")
-    parameters = _parameters(header.get("parameters"), "parameters")
-    binary_default = bool(parameters.get("binary_data_output", False))
-    return InferRequest(
-        id=str(header["id"]) if header.get("id") is not None else None,
-        inputs=inputs,
-        binary_outputs=_requested_outputs(header.get("outputs"), config, binary_default),
-        binary_default=binary_default,
-        timeout_s=_timeout(parameters),
-        parameters=parameters,
-    )
+@dataclass(frozen=True, slots=True)
+class OutputTensor:
+    """One output as the response carries it."""
+
+    name: str
+    datatype: str
+    array: Array
+    binary: bool
 
 
-def parse_json(data: bytes | memoryview) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+def server_metadata() -> dict[str, object]:
+    return {"name": "queryserve", "version": __version__, "extensions": EXTENSIONS}
 
 
-def _parameters(raw: object, where: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise InvalidInput(f"'{where}' must be an object")
-    return raw
+# -- what both protocols share ------------------------------------------------------------------
 
 
-def _timeout(parameters: dict[str, Any]) -> float | None:
-    timeout = parameters.get("timeout")  # microseconds, as Triton's per-request parameter
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise InvalidInput(f"parameter 'timeout' is {timeout!r}; expected microseconds, an "
-                           "integer >= 0")
-    return float(timeout) / 1e6
-
-
-def _decode_input(raw: object, i: int, specs: dict[str, TensorSpec], config: ModelConfig,
-                  binary: memoryview, offset: int,
-                  ) -> tuple[tuple[str, list[bytes | str] | Array], int]:
-    where = f"inputs[{i}]"
-    if not isinstance(raw, dict):
-        raise InvalidInput(f"{where} must be an object with name, shape, datatype and data")
-    name = raw.get("name")
-    spec = specs.get(name) if isinstance(name, str) else None
+def input_spec(name: object, i: int, config: ModelConfig) -> TensorSpec:
+    """The model's input that `inputs[i]` names."""
+    spec = next((s for s in config.inputs if s.name == name), None) \
+        if isinstance(name, str) else None
     if spec is None:
-        raise InvalidInput(f"{where}: model '{config.name}' has no input {str(name)[:80]!r}; "
-                           f"its inputs are {', '.join(specs)}")
-    where = f"input '{spec.name}'"
-    if raw.get("datatype") != spec.datatype:
-        raise InvalidInput(f"{where} has datatype {str(raw.get('datatype'))[:40]!r}; expected "
+        raise InvalidInput(f"inputs[{i}]: model '{config.name}' has no input "
+                           f"{str(name)[:80]!r}; its inputs are "
+                           f"{', '.join(s.name for s in config.inputs)}")
+    return spec
+
+
+def check_tensor(spec: TensorSpec, datatype: object, shape: object, config: ModelConfig,
+                 where: str) -> int:
+    """The element count of a tensor sent as `datatype` and `shape`, checked against the
+    model's input `spec`."""
+    if datatype != spec.datatype:
+        raise InvalidInput(f"{where} has datatype {str(datatype)[:40]!r}; expected "
                            f"{spec.datatype}")
-    shape = raw.get("shape")
     if (not isinstance(shape, list) or not shape
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise InvalidInput(f"{where} has shape {str(shape)[:80]}; expected a list of sizes")
     _check_shape(shape, spec, config, where)
-    count = math.prod(shape)
-    size = _parameters(raw.get("parameters"), f"{where}.parameters").get("binary_data_size")
-    if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-            raise InvalidInput(f"{where}: binary_data_size {size!r} does not fit the body")
-        chunk = binary[offset: offset + size]
-        return (spec.name, _from_binary(chunk, spec.datatype, count, where)), offset + size
-    if "data" not in raw:
-        raise InvalidInput(f"{where} has no 'data' and no binary_data_size")
-    return (spec.name, _from_json(raw["data"], spec.datatype, shape, where)), offset
+    return math.prod(shape)
 
 
 def _check_shape(shape: list[int], spec: TensorSpec, config: ModelConfig, where: str) -> None:
@@ -154,46 +107,37 @@ def _check_shape(shape: list[int], spec: TensorSpec, config: ModelConfig, where:
         raise InvalidInput(f"{where} is empty; send at least one item")
 
 
-def _flatten(data: object, depth: int, where: str) -> list[Any]:
-    """The elements of JSON data given flat or nested as the shape (row-major), nested at most
-    `depth` deep; walked without recursion, so no nesting can exhaust the stack."""
-    if not isinstance(data, list):
-        return [data]
-    flat: list[Any] = []
-    stack: list[tuple[list[Any], int, int]] = [(data, 0, 1)]  # (list, next index, its depth)
-    while stack:
-        items, i, level = stack.pop()
-        while i < len(items):
-            item = items[i]
-            i += 1
-            if isinstance(item, list):
-                if level >= depth:
-                    raise InvalidInput(f"{where}: data is nested deeper than its shape")
-                stack.append((items, i, level))
-                items, i, level = item, 0, level + 1
-            else:
-                flat.append(item)
-    return flat
+def add_input(inputs: dict[str, InputValues], name: str, values: InputValues, i: int) -> None:
+    if name in inputs:
+        raise InvalidInput(f"inputs[{i}]: input '{name}' is given twice")
+    inputs[name] = values
 
 
-def _from_json(data: object, datatype: str, shape: list[int],
-               where: str) -> list[bytes | str] | Array:
-    count = math.prod(shape)
-    flat = _flatten(data, len(shape), where)
-    if len(flat) != count:
-        raise InvalidInput(f"{where} has {len(flat)} elements of data; its shape says {count}")
-    if datatype == "BYTES":
-        return flat
-    if not all(isinstance(v, int | float) for v in flat):
-        raise InvalidInput(f"{where}: data is not all {datatype} numbers")
+def check_inputs_complete(inputs: dict[str, InputValues], config: ModelConfig) -> None:
+    missing = sorted({spec.name for spec in config.inputs} - set(inputs))
+    if missing:
+        raise InvalidInput(f"model '{config.name}' needs input(s) {', '.join(missing)}")
+
+
+def numbers(values: Any, datatype: str, where: str) -> Array:
+    """Numbers as an array of `datatype`; a value it cannot hold is the client's mistake (NumPy
+    would wrap an integer out of range, or truncate a fraction, without a word)."""
+    dtype = np.dtype(NUMPY_DTYPES[datatype])
     try:
-        return np.asarray(flat, dtype=NUMPY_DTYPES[datatype])
+        given = np.asarray(values)
+        if dtype.kind in "iu" and given.size:
+            limits = np.iinfo(dtype)
+            if given.dtype.kind not in "iub" or given.min() < limits.min \
+                    or given.max() > limits.max:
+                raise ValueError(datatype)
+        return given.astype(dtype)
     except (TypeError, ValueError, OverflowError):
         raise InvalidInput(f"{where}: data is not all {datatype} numbers in range") from None
 
 
-def _from_binary(chunk: memoryview, datatype: str, count: int,
-                 where: str) -> list[bytes | str] | Array:
+def values_from_raw(chunk: memoryview, datatype: str, count: int, where: str) -> InputValues:
+    """A raw tensor (HTTP's binary extension, gRPC's raw_input_contents): little-endian
+    values, or BYTES elements each a 4-byte little-endian length and the bytes."""
     if datatype != "BYTES":
         dtype = np.dtype(NUMPY_DTYPES[datatype])
         if len(chunk) != count * dtype.itemsize:
@@ -217,63 +161,75 @@ def _from_binary(chunk: memoryview, datatype: str, count: int,
     return items
 
 
-def _requested_outputs(raw: object, config: ModelConfig,
-                       binary_default: bool) -> dict[str, bool]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, list):
-        raise InvalidInput("'outputs' must be a list of {name, parameters}")
-    known = {spec.name for spec in config.outputs}
-    wanted: dict[str, bool] = {}
-    for i, item in enumerate(raw):
-        name = item.get("name") if isinstance(item, dict) else None
-        if not isinstance(name, str) or name not in known:  # a list or object is no name
-            raise InvalidInput(f"outputs[{i}]: model '{config.name}' has no output "
-                               f"{str(name)[:80]!r}; its outputs are {', '.join(sorted(known))}")
-        assert isinstance(item, dict)
-        parameters = _parameters(item.get("parameters"), f"outputs[{i}].parameters")
-        wanted[name] = bool(parameters.get("binary_data", binary_default))
-    return wanted
+def request_timeout(parameters: Mapping[str, Any]) -> float | None:
+    """The `timeout` parameter (microseconds, as Triton's per-request one) in seconds."""
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise InvalidInput(f"parameter 'timeout' is {timeout!r}; expected microseconds, an "
+                           "integer >= 0")
+    return float(timeout) / 1e6
 
 
-def _bytes_blob(array: Array) -> bytes:
-    """BYTES elements as the binary extension lays them out: a 4-byte little-endian length,
-    then the UTF-8 bytes, for each element in order."""
+def requested_output(name: object, parameters: Mapping[str, Any], i: int,
+                     config: ModelConfig) -> tuple[str, int | None]:
+    """`outputs[i]`'s name, checked, and its classification count when it asks for one."""
+    known = [spec.name for spec in config.outputs]
+    if not isinstance(name, str) or name not in known:  # a list or object is no name
+        raise InvalidInput(f"outputs[{i}]: model '{config.name}' has no output "
+                           f"{str(name)[:80]!r}; its outputs are {', '.join(sorted(known))}")
+    count = parameters.get(CLASSIFICATION)
+    return name, None if count is None else classification_count(count, name, config)
+
+
+def model_inputs(request: InferRequest, config: ModelConfig,
+                 check_items: Callable[[int], None]) -> Inputs:
+    """The model's `Inputs`: the first input's texts, and the second's for a model that takes
+    pairs (same count); `check_items` enforces the server's item limit."""
+    specs = config.inputs
+    raw = request.inputs[specs[0].name]
+    check_items(len(raw))
+    texts = decode_texts(list(raw), f"input '{specs[0].name}'")
+    pairs = None
+    if len(specs) > 1:
+        pairs = decode_texts(list(request.inputs[specs[1].name]), f"input '{specs[1].name}'")
+        if len(pairs) != len(texts):
+            raise InvalidInput(
+                f"inputs '{specs[0].name}' and '{specs[1].name}' must hold the same number of "
+                f"texts; got {len(texts)} and {len(pairs)}")
+    return Inputs(texts, pairs, request.parameters, request.timeout_s)
+
+
+def output_tensors(config: ModelConfig, request: InferRequest,
+                   outputs: dict[str, Array]) -> list[OutputTensor]:
+    """The outputs the request asked for (all, when it named none), in its order, each with
+    its datatype; an output asked for as classes becomes its top classes."""
+    wanted = request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
+    tensors = []
+    for name, binary in wanted.items():
+        array = outputs[name]
+        count = request.classifications.get(name)
+        if count is not None:
+            labels = config.labels(math.prod(array.shape[1:]))
+            tensors.append(OutputTensor(name, "BYTES", top_classes(array, count, labels), binary))
+        else:
+            spec = next(s for s in config.outputs if s.name == name)
+            tensors.append(OutputTensor(name, spec.datatype, array, binary))
+    return tensors
+
+
+def raw_bytes(tensor: OutputTensor) -> bytes:
+    """An output as raw bytes: little-endian values, or BYTES elements each a 4-byte
+    little-endian length and the UTF-8 bytes."""
+    if tensor.datatype != "BYTES":
+        return np.ascontiguousarray(tensor.array).tobytes()
     parts = []
-    for item in array.ravel():
+    for item in tensor.array.ravel():
         data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
         parts.append(struct.pack("<I", len(data)))
         parts.append(data)
     return b"".join(parts)
-
-
-def encode_infer_response(config: ModelConfig, version: str, request: InferRequest,
-                          outputs: dict[str, Array]) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header's length when binary outputs follow it."""
-    wanted = request.binary_outputs or dict.fromkeys(outputs, request.binary_default)
-    described: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
-    for name, as_binary in wanted.items():
-        array = outputs[name]
-        spec = next(s for s in config.outputs if s.name == name)
-        entry: dict[str, Any] = {"name": name, "datatype": spec.datatype,
-                                 "shape": list(array.shape)}
-        if as_binary:
-            blob = (_bytes_blob(array) if spec.datatype == "BYTES"
-                    else np.ascontiguousarray(array).tobytes())
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = array.ravel().tolist() if spec.datatype == "BYTES" else array.ravel()
-        described.append(entry)
-    head: dict[str, Any] = {"model_name": config.name, "model_version": version,
-                            "outputs": described}
-    if request.id is not None:
-        head["id"] = request.id
-    header = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
 
 
 # -- model metadata and configuration -----------------------------------------------------------

@@ -1,92 +1,183 @@
-"""`GET /metrics`: the models' statistics in Prometheus' text format."""
+"""`GET /metrics`: the server's statistics for Prometheus, rendered by `prometheus_client`.
+
+One collector (`ServerCollector`) reads, at scrape time, the numbers the server keeps anyway:
+each model's `ModelStats` (the counters and histograms the scheduler and pipeline update), the
+transport's connections and refusals, and the access control's refusals. Prometheus costs
+nothing per request: no client-library metric objects on the hot path and no locks, since all of
+it is updated on the event loop, where the scrape runs too.
+
+The library does the format: label escaping, and the text format 0.0.4 or, for a scraper that
+asks for it (`Accept: application/openmetrics-text`, as Prometheus does by default),
+OpenMetrics. Its process and platform collectors add `process_*` (CPU, resident memory, open
+file descriptors) and `python_*` (the interpreter, the cyclic collector's passes).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
+from functools import cache
+from itertools import accumulate
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from queryserve.pipelines.model import AnyModel as Model
-from queryserve.repository import ModelRepository
 from queryserve.scheduling.stats import Histogram
 from queryserve.server.http import Request, Response
-from queryserve.server.routing import Connections, Router, ServerState
+from queryserve.server.routing import Router, ServerState
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The library's own histograms write `le` with this (Go's float format); it is untyped, and an
+# annotated alias keeps strict mypy's untyped-call check on for everything else.
+_go_float: Callable[[float], str] = floatToGoString
+
+COUNTERS: tuple[tuple[str, str, Callable[[Model], int]], ...] = (
+    ("queryserve_inferences_total", "Items run by the model (a batch of n counts n).",
+     lambda m: m.stats.inference_count),
+    ("queryserve_executions_total", "Batches run by the model.",
+     lambda m: m.stats.execution_count),
+    ("queryserve_cache_hits_total", "Items answered from the response cache.",
+     lambda m: m.stats.cache_hit.count),
+    ("queryserve_cache_misses_total", "Items looked up in the response cache and not found.",
+     lambda m: m.stats.cache_miss.count),
+)
+HISTOGRAMS: tuple[tuple[str, str, Callable[[Model], Histogram]], ...] = (
+    ("queryserve_request_duration_seconds", "End-to-end time of successful requests.",
+     lambda m: m.stats.request_latency),
+    ("queryserve_queue_duration_seconds", "Time an item waited in the queue.",
+     lambda m: m.stats.queue_latency),
+    ("queryserve_compute_duration_seconds", "Time to run one batch (collate+model+split).",
+     lambda m: m.stats.compute_latency),
+    ("queryserve_batch_size", "Items per batch run.", lambda m: m.stats.batch_size),
+    ("queryserve_tokenize_duration_seconds",
+     "Time to tokenize one request's texts (those the response cache did not answer).",
+     lambda m: m.stats.tokenize_latency),
+)
 
 
 def add_routes(router: Router, state: ServerState) -> None:
+    registry = server_registry(state)
+
     async def metrics(request: Request) -> Response:
-        return Response(200, render_metrics(state.repository, state.transport), CONTENT_TYPE)
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(200, encode(registry), content_type)
 
     router.add("GET", "/metrics", metrics)
 
 
-def render_metrics(repository: ModelRepository, transport: Connections | None = None) -> bytes:
-    lines: list[str] = []
-    models = list(repository.models.values())
+def server_registry(state: ServerState) -> CollectorRegistry:
+    """The server's collector and the process's, on a registry of this server's own: two
+    servers in one process (as in tests) neither share nor clash, as they would on the
+    library's global `REGISTRY`."""
+    registry = CollectorRegistry()
+    registry.register(ServerCollector(state))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
-    def family(name: str, kind: str, help_text: str) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
 
-    if transport is not None:
-        for name, kind, help_text, figure in (
-                ("queryserve_http_connections", "gauge", "Client connections open now.",
-                 transport.connections),
-                ("queryserve_http_connections_refused_total", "counter",
-                 "Connections answered 503 and closed: over --max-connections, or draining.",
-                 transport.refused),
-                ("queryserve_http_connections_evicted_total", "counter",
-                 "Silent connections (never sent a byte) closed at the cap to admit a new one.",
-                 transport.evicted)):
-            family(name, kind, help_text)
-            lines.append(f"{name} {figure}")
+class ServerCollector:
+    """Every `queryserve_*` family, read from the server's state when scraped."""
 
-    family("queryserve_model_ready", "gauge", "1 when the model is loaded and warmed up.")
-    for entry in repository.index():
-        lines.append(f'queryserve_model_ready{{model="{entry["name"]}"}} '
-                     f'{int(entry["state"] == "READY")}')
-    family("queryserve_requests_total", "counter",
-           "Requests by model and outcome (success, invalid, rejected, timeout, failed...).")
-    for m in models:
-        for outcome, count in sorted(m.stats.outcomes.items()):
-            lines.append(f'queryserve_requests_total{{model="{m.name}",outcome="{outcome}"}} '
-                         f"{count}")
-    counters: tuple[tuple[str, str, Callable[[Model], int]], ...] = (
-        ("queryserve_inferences_total", "Items run by the model (a batch of n counts n).",
-         lambda m: m.stats.inference_count),
-        ("queryserve_executions_total", "Batches run by the model.",
-         lambda m: m.stats.execution_count),
-        ("queryserve_cache_hits_total", "Items answered from the response cache.",
-         lambda m: m.stats.cache_hit.count),
-        ("queryserve_cache_misses_total", "Items looked up in the response cache and not found.",
-         lambda m: m.stats.cache_miss.count),
-    )
-    for name, help_text, value in counters:
-        family(name, "counter", help_text)
-        lines.extend(f'{name}{{model="{m.name}"}} {value(m)}' for m in models)
-    family("queryserve_queue_depth", "gauge", "Items waiting in the model's queue now.")
-    lines.extend(f'queryserve_queue_depth{{model="{m.name}"}} {m.pipeline.queue_depth}'
-                 for m in models)
-    histograms: tuple[tuple[str, str, Callable[[Model], Histogram]], ...] = (
-        ("queryserve_request_duration_seconds", "End-to-end time of successful requests.",
-         lambda m: m.stats.request_latency),
-        ("queryserve_queue_duration_seconds", "Time an item waited in the queue.",
-         lambda m: m.stats.queue_latency),
-        ("queryserve_compute_duration_seconds", "Time to run one batch (collate+model+split).",
-         lambda m: m.stats.compute_latency),
-        ("queryserve_batch_size", "Items per batch run.", lambda m: m.stats.batch_size),
-    )
-    for name, help_text, pick in histograms:
-        family(name, "histogram", help_text)
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._transport()
+        yield from self._access()
+        yield from self._models()
+
+    def _transport(self) -> Iterator[Metric]:
+        transport = self.state.transport
+        if transport is None:  # not listening yet
+            return
+        yield GaugeMetricFamily("queryserve_http_connections", "Client connections open now.",
+                                value=transport.connections)
+        yield GaugeMetricFamily(
+            "queryserve_http_requests_in_flight",
+            "Requests read and not yet answered, pipelined ones included (this scrape too).",
+            value=transport.unanswered)
+        yield CounterMetricFamily(
+            "queryserve_http_connections_refused_total",
+            "Connections answered 503 and closed: over --max-connections, or draining.",
+            value=transport.refused)
+        yield CounterMetricFamily(
+            "queryserve_http_connections_evicted_total",
+            "Silent connections (never sent a byte) closed at the cap to admit a new one.",
+            value=transport.evicted)
+        rejections = CounterMetricFamily(
+            "queryserve_http_rejections_total",
+            "Requests and connections the transport refused before any route saw them, by "
+            "reason: malformed (bad_request, upgrade), over a limit (url_too_long, "
+            "headers_too_large, body_too_large), too slow (header_timeout, read_timeout, "
+            "not_reading), internal_error, and connections refused or evicted "
+            "(max_connections, draining, evicted).",
+            labels=["reason"])
+        for reason, count in sorted(transport.rejections.items()):
+            rejections.add_metric([reason], count)
+        yield rejections
+
+    def _access(self) -> Iterator[Metric]:
+        auth = self.state.auth
+        yield CounterMetricFamily(
+            "queryserve_auth_failures_total",
+            "Requests refused 401: no API key, or a wrong one (HTTP and gRPC).",
+            value=auth.failures)
+        yield CounterMetricFamily(
+            "queryserve_requests_forbidden_total",
+            "Requests refused 403: a Host the server does not answer to, or an Origin not "
+            "allowed.",
+            value=auth.forbidden)
+
+    def _models(self) -> Iterator[Metric]:
+        repository = self.state.repository
+        models = list(repository.models.values())
+        ready = GaugeMetricFamily("queryserve_model_ready",
+                                  "1 when the model is loaded and warmed up.", labels=["model"])
+        for entry in repository.index():
+            ready.add_metric([entry["name"]], int(entry["state"] == "READY"))
+        yield ready
+        requests = CounterMetricFamily(
+            "queryserve_requests_total",
+            "Requests by model and outcome (success, invalid, rejected, timeout, failed...).",
+            labels=["model", "outcome"])
         for m in models:
-            lines.extend(_histogram(name, m.name, pick(m)))
-    return ("\n".join(lines) + "\n").encode()
+            for outcome, count in sorted(m.stats.outcomes.items()):
+                requests.add_metric([m.name, outcome], count)
+        yield requests
+        for name, help_text, value in COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=["model"])
+            for m in models:
+                counter.add_metric([m.name], value(m))
+            yield counter
+        depth = GaugeMetricFamily("queryserve_queue_depth",
+                                  "Items waiting in the model's queue now.", labels=["model"])
+        for m in models:
+            depth.add_metric([m.name], m.pipeline.queue_depth)
+        yield depth
+        for name, help_text, pick in HISTOGRAMS:
+            family = HistogramMetricFamily(name, help_text, labels=["model"])
+            for m in models:
+                histogram = pick(m)
+                family.add_metric([m.name], buckets(histogram), sum_value=histogram.total)
+            yield family
 
 
-def _histogram(name: str, model: str, histogram: Histogram) -> Iterable[str]:
-    cumulative = 0
-    for bound, count in zip((*histogram.bounds, "+Inf"), histogram.counts, strict=True):
-        cumulative += count
-        yield f'{name}_bucket{{model="{model}",le="{bound}"}} {cumulative}'
-    yield f'{name}_sum{{model="{model}"}} {histogram.total}'
-    yield f'{name}_count{{model="{model}"}} {histogram.count}'
+def buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    """A histogram as the library's families take it: cumulative counts by upper bound, from
+    the per-bucket counts `Histogram.observe` keeps (one increment each, not a cumulative
+    walk), `+Inf` last."""
+    return list(zip(_bounds(histogram.bounds), accumulate(histogram.counts), strict=True))
+
+
+@cache
+def _bounds(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """`le` label values, formatted once per set of bounds rather than once per scrape."""
+    return (*(_go_float(bound) for bound in bounds), "+Inf")

@@ -1,46 +1,120 @@
-"""OpenAI's embeddings route, `POST /v1/embeddings`, over any `text_embedding` model: the
-request's `model` names it, `input` is a string or a list of strings; `encoding_format` float
-or base64; `dimensions` only as the model's own width."""
+"""OpenAI's embeddings and models routes, as the `openai` SDK calls them (and Infinity's
+unprefixed twins, `/embeddings` and `/models`).
+
+- `POST /v1/embeddings` over any `text_embedding` model: `model` names it (or an alias,
+  `--served-model-name`), `input` is a string, a list of strings, or token ids of the model's
+  own tokenizer (a list of ints, or a list of lists of ints: TEI's rule); `encoding_format`
+  float or base64; `dimensions` only as the model's own width.
+- `GET /v1/models` lists the loaded models and their aliases; `GET /v1/models/{id}` is one.
+
+Errors are OpenAI's object (`openai_protocol`).
+"""
 
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from queryserve.api import Embeddings, Inputs
-from queryserve.errors import InvalidInput
+from queryserve.pipelines.model import AnyModel
 from queryserve.server.http import Request, Response
+from queryserve.server.openai_protocol import (
+    about,
+    find_model,
+    invalid,
+    model_for,
+    served_models,
+)
 from queryserve.server.routing import Router, ServerState, json_body, json_response
 
 EXAMPLE = '{"model": "embed", "input": ["play some jazz"]}'
+OWNER = "queryserve"
 
 
 def add_routes(router: Router, state: ServerState) -> None:
     async def embeddings(request: Request) -> Response:
         body = json_body(request, EXAMPLE)
-        name = body.get("model")
-        if not isinstance(name, str):
-            raise InvalidInput(f"'model' must name a model, e.g. {EXAMPLE}")
-        model = state.repository.get(name).answering(Embeddings, "/v1/embeddings")
-        raw = body.get("input")
-        if isinstance(raw, str):
-            raw = [raw]
-        texts = state.texts(raw, "input")
+        name, model = model_for(state, body, Embeddings, "/v1/embeddings", EXAMPLE)
+        inputs = embedding_inputs(state, body.get("input"))
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
-            raise InvalidInput(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
-                               "'float' or 'base64'")
+            raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
+                          "'float' or 'base64'", "encoding_format")
         width = model.config.outputs[0].dims[-1]
         dimensions = body.get("dimensions")
         if dimensions not in (None, width) or isinstance(dimensions, bool):
-            raise InvalidInput(f"model '{name}' returns {width} dimensions; 'dimensions' "
-                               f"{str(dimensions)[:40]} is not supported")
-        result = await model.infer(Inputs(texts))
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64"
-                 else v}
-                for i, v in enumerate(result.vectors)]
-        return json_response({"object": "list", "data": data, "model": name,
-                              "usage": {"prompt_tokens": result.tokens,
-                                        "total_tokens": result.tokens}})
+            raise invalid(f"model '{name}' returns {width} dimensions; 'dimensions' "
+                          f"{str(dimensions)[:40]} is not supported", "dimensions")
+        with about("input"):  # what the model refuses is in the input (a token id)
+            result = await model.infer(inputs)
+        return json_response(embeddings_answer(name, result, encoding == "base64"))
 
-    router.add("POST", "/v1/embeddings", embeddings)
+    async def models(request: Request) -> Response:
+        return json_response({"object": "list", "data": [
+            model_card(name, model) for name, model in served_models(state).items()]})
+
+    async def one_model(request: Request, name: str) -> Response:
+        return json_response(model_card(name, find_model(state, name)))
+
+    for prefix in ("/v1", ""):
+        router.add("POST", prefix + "/embeddings", embeddings)
+        router.add("GET", prefix + "/models", models)
+        # An id may hold slashes (`--served-model-name BAAI/bge-small-en-v1.5=embed`).
+        router.add_pattern("GET", prefix + r"/models/(?P<name>.+)", one_model)
+
+
+def embedding_inputs(state: ServerState, raw: object) -> Inputs:
+    """`input` as OpenAI and TEI take it: a string, a list of strings, one row of token ids
+    (a list of ints), or rows of them (a list of lists of ints). Anything else, mixed kinds
+    included, is a 400 that names the item."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise invalid("'input' is empty; send a string, a list of strings or token ids"
+                      if raw == [] else "'input' must be a string, a list of strings, or "
+                      "token ids (a list of integers, or a list of lists of integers)", "input")
+    first = raw[0]
+    with about("input"):
+        if _is_token_id(first):
+            return Inputs((), token_ids=[_token_row(raw, "input")])
+        if isinstance(first, list):
+            state.check_items(len(raw))
+            return Inputs((), token_ids=[_token_row(row, f"input[{i}]")
+                                         for i, row in enumerate(raw)])
+        return Inputs(state.texts(raw, "input"))
+
+
+def _is_token_id(value: object) -> bool:
+    return type(value) is int  # not a bool, which JSON's true would be
+
+
+def _token_row(row: object, where: str) -> list[int]:
+    if not isinstance(row, list) or not row:
+        raise invalid(f"{where} must be a non-empty list of token ids", "input")
+    for j, token in enumerate(row):
+        if not _is_token_id(token):
+            raise invalid(f"{where}[{j}] must be a token id (an integer), got "
+                          f"{type(token).__name__}: a row of token ids holds nothing else",
+                          "input")
+    return row
+
+
+def embeddings_answer(name: str, result: Embeddings, packed: bool) -> dict[str, Any]:
+    """OpenAI's list of embeddings; `packed`: each vector as base64 of its little-endian FP32
+    bytes, as the SDK decodes it."""
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.tobytes()).decode() if packed else v}
+            for i, v in enumerate(result.vectors)]
+    return {"object": "list", "data": data, "model": name,
+            "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
+
+
+def model_card(name: str, model: AnyModel) -> dict[str, Any]:
+    """OpenAI's model object. `created`: when the model's folder last changed (a model
+    prepared again is a new model); `root`: the model an alias calls."""
+    try:
+        created = int(model.config.path.stat().st_mtime)
+    except OSError:  # the folder went away after the model loaded: it still serves
+        created = 0
+    return {"id": name, "object": "model", "created": created, "owned_by": OWNER,
+            "root": model.name}

@@ -9,7 +9,7 @@ whose named groups are passed to the handler. The router answers 404 for an unkn
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from queryserve.api import decode_texts
 from queryserve.errors import InvalidInput, MethodNotAllowed, NotFound, PayloadTooLarge
 from queryserve.repository import ModelRepository
 from queryserve.server.http import Request, Response
+from queryserve.server.security import AccessControl
 
 Handler = Callable[[Request], Awaitable[Response]]
 PatternHandler = Callable[..., Awaitable[Response]]
@@ -41,6 +42,16 @@ class Connections(Protocol):
     refused: int
     evicted: int
 
+    @property
+    def unanswered(self) -> int:
+        """Requests read and not yet answered, over every connection."""
+        ...
+
+    @property
+    def rejections(self) -> Mapping[str, int]:
+        """Refusals by reason (`queryserve.server.http.RejectionReason`), every reason present."""
+        ...
+
 
 @dataclass
 class ServerState:
@@ -54,6 +65,11 @@ class ServerState:
     """Until the repository's first load is done."""
     draining: bool = False
     """From the first SIGTERM/SIGINT: readiness answers 503 while accepted work finishes."""
+    auth: AccessControl = field(default_factory=AccessControl)
+    """API keys and the browser guard (Host, Origin, CORS), shared by HTTP and gRPC."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Served model names (`--served-model-name ALIAS=MODEL`): what clients may call a model,
+    e.g. `text-embedding-3-small` for `embed`."""
 
     def ready(self) -> bool:
         return not self.loading and not self.draining and self.repository.ready()
@@ -101,7 +117,9 @@ class Router:
             if match := pattern.fullmatch(path):
                 if request.method not in by_method:
                     raise _not_allowed(request, by_method)
-                return await by_method[request.method](request, **match.groupdict())
+                groups = match.groupdict()
+                request.model = groups.get("name")
+                return await by_method[request.method](request, **groups)
         raise NotFound(f"no route {request.method} {path[:200]}")
 
 

@@ -19,19 +19,25 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import uvloop
 
 from queryserve import heap
 from queryserve.errors import ServeError
 from queryserve.repository import ModelRepository
+from queryserve.server.access_log import AccessLog
 from queryserve.server.app import ServerApp
 from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, start_http_server
-from queryserve.server.routing import Limits
+from queryserve.server.routing import Limits, ServerState
+from queryserve.server.security import AccessControl, is_loopback
+from queryserve.server.tracing import Tracing
 
 log = logging.getLogger("queryserve")
 
 
+class GrpcServer(Protocol):
+    async def shutdown(self, timeout_s: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +51,32 @@ class ServeOptions:
     http: HttpLimits = field(default_factory=HttpLimits)
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     """On SIGTERM/SIGINT, how long accepted requests and queued items get to finish."""
+    grpc: tuple[str, int] | None = None
+    """Where KServe v2 gRPC listens; None: no gRPC."""
+    api_keys: tuple[str, ...] = ()
+    """Bearer keys every route but `/v2/health/*` needs; none: open."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names answered to, besides loopback names when bound to loopback."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins allowed to call from a browser (`*`: any)."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Served model names: alias -> the repository's model."""
+    access_log: str | None = None
+    """A file for the access log's lines, `-` for standard error; None: no access log."""
+    otlp_endpoint: str | None = None
+    """An OTLP/HTTP traces URL to send a span per request to; None: no tracing."""
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
     repository = ModelRepository(options.repository)
     if options.cores is not None:
         repository.cores = options.cores
-    app = ServerApp(repository, options.limits)
+    auth = AccessControl.for_server(options.host, options.api_keys, options.allowed_hosts,
+                                    options.cors_origins)
+    _warn_if_open(options)
+    access_log = AccessLog(options.access_log) if options.access_log is not None else None
+    tracing = Tracing(options.otlp_endpoint) if options.otlp_endpoint is not None else None
+    app = ServerApp(repository, options.limits, auth, options.aliases, access_log, tracing)
     try:
         server = await start_http_server(app, options.host, options.port, options.http)
     except OSError as exc:  # the port is taken, the address is not this machine's
@@ -60,6 +85,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     app.state.transport = server
     log.info("listening on http://%s:%d (loading models from %s)", options.host, options.port,
              options.repository)
+    grpc_server = await _start_grpc(app.state, options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -91,15 +117,44 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     began = time.monotonic()
     log.info("draining: not ready, no new connections; up to %.0f s for accepted work",
              options.drain_timeout_s)
+    grpc_drained = (asyncio.ensure_future(grpc_server.shutdown(options.drain_timeout_s))
+                    if grpc_server is not None else None)
     unanswered = await server.shutdown(options.drain_timeout_s)
+    if grpc_drained is not None:
+        await grpc_drained
     left_s = max(0.0, options.drain_timeout_s - (time.monotonic() - began))
     await repository.close(left_s)
+    if access_log is not None:
+        access_log.close()
+    if tracing is not None:
+        await asyncio.to_thread(tracing.close)  # the last batch of spans goes out
     if unanswered:
         log.warning("stopped after %.1f s: %d request(s) unanswered at the drain timeout",
                     time.monotonic() - began, unanswered)
     else:
         log.info("stopped after %.2f s: every accepted request answered",
                  time.monotonic() - began)
+
+
+async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer | None:
+    if options.grpc is None:
+        return None
+    from queryserve.server.grpc import start_grpc_server  # grpcio only when gRPC is on
+
+    host, port = options.grpc
+    grpc_server = await start_grpc_server(state, host, port,
+                                          max_message_bytes=options.http.max_body_bytes)
+    log.info("listening on grpc://%s:%d (KServe v2 gRPC)", host, port)
+    return grpc_server
+
+
+def _warn_if_open(options: ServeOptions) -> None:
+    exposed = [host for host in (options.host, options.grpc[0] if options.grpc else None)
+               if host is not None and not is_loopback(host)]
+    if exposed and not options.api_keys:
+        log.warning("serving on %s without an API key: anyone who can reach it can use and "
+                    "unload every model; set --api-key (or QUERYSERVE_API_KEY)",
+                    ", ".join(exposed))
 
 
 def _log_ready(repository: ModelRepository) -> None:

@@ -16,6 +16,19 @@ from typing import Protocol, cast
 import httptools
 
 
+class Connection(Protocol):
+    """What carries one request at a time for a run: a keep-alive HTTP/1.1 connection
+    (`_Conn`), or a stream slot on a gRPC channel (`grpc_open_loop._Stream`)."""
+
+    busy: bool
+    start_ns: int
+    measured: bool
+
+    def send(self, start_ns: int, measured: bool, request: bytes) -> None: ...
+    def keeps_alive(self) -> bool: ...
+    def close(self) -> None: ...
+
+
 class _Driver(Protocol):
     """What a connection reports to: the open-loop `_Run` or the closed-loop `_ClosedRun`."""
 
@@ -62,6 +75,10 @@ class _Conn(asyncio.Protocol):
         self.run.on_response(self, self.parser.get_status_code(), end_ns)
         if not self.parser.should_keep_alive():
             self.close()
+
+    def keeps_alive(self) -> bool:
+        """Whether the last answer left the connection open for the next request."""
+        return bool(self.parser.should_keep_alive())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.run.on_lost(self)

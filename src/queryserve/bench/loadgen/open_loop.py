@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from queryserve.bench.loadgen.connection import _Conn
+from queryserve.bench.loadgen.connection import Connection, _Conn
 from queryserve.bench.loadgen.recorder import _NS, LoadResult, _Recorder, _result
 from queryserve.bench.loadgen.requests import _parse_url, _Target, build_requests
 from queryserve.bench.loadgen.runner import _drive
@@ -60,8 +60,8 @@ class _Run(_Recorder):
         # Pool: idle connections (LIFO keeps the hot ones busy), all live ones,
         # and connects in progress. Requests that found no idle connection wait
         # in `pending` as (clock start, measured, scheduled time).
-        self.idle: list[_Conn] = []
-        self.conns: set[_Conn] = set()
+        self.idle: list[Connection] = []
+        self.conns: set[Connection] = set()
         self.connecting = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending: deque[tuple[int, bool, int]] = deque()
@@ -78,13 +78,18 @@ class _Run(_Recorder):
     async def open(self) -> None:
         """Open one connection (``connecting`` was already counted for it)."""
         try:
-            await self.loop.create_connection(
-                lambda: _Conn(self), self.target.host, self.target.port
-            )
+            await self.connect()
         except OSError:
             self._fail_one_pending()
         finally:
             self.connecting -= 1
+
+    async def connect(self) -> None:
+        """Open a connection, which reports to `on_connected` (the gRPC driver opens a stream
+        slot instead)."""
+        await self.loop.create_connection(
+            lambda: _Conn(self), self.target.host, self.target.port
+        )
 
     def _fail_one_pending(self) -> None:
         # The connect was made on behalf of a waiting request: that request
@@ -95,7 +100,7 @@ class _Run(_Recorder):
                 self.record_error()
         self._check_drained()
 
-    def on_connected(self, conn: _Conn) -> None:
+    def on_connected(self, conn: Connection) -> None:
         if self.closed:
             conn.close()  # a late connect finishing after the run ended
             return
@@ -103,7 +108,7 @@ class _Run(_Recorder):
         self.max_pool = max(self.max_pool, len(self.conns))
         self._give_work(conn, self.clock())
 
-    def on_lost(self, conn: _Conn) -> None:
+    def on_lost(self, conn: Connection) -> None:
         if self.closed:
             return  # our own shutdown; unfinished requests were counted
         self.conns.discard(conn)
@@ -129,14 +134,15 @@ class _Run(_Recorder):
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    def _give_work(self, conn: _Conn, now_ns: int) -> None:
+    def _give_work(self, conn: Connection, now_ns: int) -> None:
         if self.pending:
             start_ns, measured, sched_ns = self.pending.popleft()
             self._send(conn, start_ns, measured, sched_ns, now_ns)
         else:
             self.idle.append(conn)
 
-    def _send(self, conn: _Conn, start_ns: int, measured: bool, sched_ns: int, now_ns: int) -> None:
+    def _send(self, conn: Connection, start_ns: int, measured: bool, sched_ns: int,
+              now_ns: int) -> None:
         request = self.requests[self.next_request]
         self.next_request = (self.next_request + 1) % len(self.requests)
         self.total_sent += 1
@@ -147,9 +153,9 @@ class _Run(_Recorder):
 
     # -- responses ---------------------------------------------------------
 
-    def on_response(self, conn: _Conn, status: int, end_ns: int) -> None:
+    def on_response(self, conn: Connection, status: int, end_ns: int) -> None:
         self.record(conn, status, end_ns)
-        if conn.parser.should_keep_alive():
+        if conn.keeps_alive():
             self._give_work(conn, end_ns)
         self._check_drained()
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
-from queryserve.bench.loadgen.connection import _Conn
+from queryserve.bench.loadgen.connection import Connection
 
 _NS = 1_000_000_000
 # HDR range in microseconds: 1 us .. 60 s, 3 significant digits.
@@ -95,7 +95,7 @@ class _Recorder:
         self.send_lag_ns = array("q")
         self.max_pool = 0  # the most connections open at once
 
-    def record(self, conn: _Conn, status: int, end_ns: int) -> None:
+    def record(self, conn: Connection, status: int, end_ns: int) -> None:
         ok = 200 <= status < 300
         if ok and self.warm_end_ns <= end_ns <= self.end_ns:
             self.ok_in_window += 1

@@ -20,11 +20,12 @@ class _Target:
     path: str
 
 
-def _parse_url(url: str) -> _Target:
-    """Split ``http://127.0.0.1:PORT/path``; only loopback targets are allowed."""
+def _parse_url(url: str, scheme: str = "http") -> _Target:
+    """Split ``http://127.0.0.1:PORT/path`` (or ``grpc://127.0.0.1:PORT``); only loopback
+    targets are allowed."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or parts.hostname is None:
-        raise ValueError(f"need an http:// URL, got {url!r}")
+    if parts.scheme != scheme or parts.hostname is None:
+        raise ValueError(f"need a {scheme}://HOST:PORT URL, got {url!r}")
     # Load tests here must never leave the machine.
     if parts.hostname not in _LOOPBACK:
         raise ValueError(f"load generator only targets loopback, got {parts.hostname!r}")

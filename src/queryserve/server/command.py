@@ -1,0 +1,125 @@
+"""`queryserve serve`: its flags, and the `ServeOptions` they make.
+
+The environment is read here and nowhere else: `QUERYSERVE_API_KEY` (keys separated by commas)
+adds to `--api-key`, so a key need not appear in the process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from queryserve.arguments import count, positive
+from queryserve.config import is_model_name
+from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits
+
+DEFAULT_REPOSITORY = Path("model_repository")
+DEFAULT_GRPC = "127.0.0.1:8001"
+API_KEY_VARIABLE = "QUERYSERVE_API_KEY"
+
+
+def address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not HOST:PORT with a port in 1-65535, e.g. 127.0.0.1:8000")
+    return host.strip("[]"), int(port)
+
+
+def _grpc_address(value: str) -> tuple[str, int] | None:
+    return None if value == "off" else address(value)
+
+
+def _alias(value: str) -> tuple[str, str]:
+    alias, _, model = value.partition("=")
+    if not alias or not is_model_name(model) or any(c.isspace() for c in alias):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not ALIAS=MODEL, e.g. text-embedding-3-small=embed")
+    return alias, model
+
+
+def _api_key(value: str) -> str:
+    if not value or not value.isascii() or not value.isprintable() or " " in value:
+        raise argparse.ArgumentTypeError("an API key is printable ASCII without spaces")
+    return value
+
+
+def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve a model repository over HTTP (KServe v2, OpenAI, task routes) and "
+                      "KServe v2 gRPC; drains on SIGTERM or SIGINT")
+    serve.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
+                       help="model repository folder (default: %(default)s)")
+    serve.add_argument("--http", type=address, default=("127.0.0.1", 8000),
+                       metavar="HOST:PORT", help="HTTP address (default: 127.0.0.1:8000)")
+    serve.add_argument("--grpc", type=_grpc_address, default=("127.0.0.1", 8001),
+                       metavar="HOST:PORT|off",
+                       help="KServe v2 gRPC address, or 'off' (default: 127.0.0.1:8001)")
+    serve.add_argument("--cores", type=count, default=None,
+                       help="cores the model instances share (default: all this process may "
+                            "use); intra-op threads per instance = cores // instances")
+    serve.add_argument("--max-body-bytes", type=count, default=HttpLimits().max_body_bytes,
+                       help="largest request body (or gRPC message) accepted "
+                            "(default: %(default)s)")
+    serve.add_argument("--max-items", type=count, default=1024,
+                       help="most items (texts, or pairs of texts) in one request "
+                            "(default: %(default)s)")
+    access = serve.add_argument_group("access")
+    access.add_argument("--api-key", type=_api_key, action="append", default=[], metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every route but "
+                             f"/v2/health/* (repeatable; also ${API_KEY_VARIABLE}, "
+                             f"comma-separated)")
+    access.add_argument("--allowed-hosts", action="append", default=[], metavar="HOST",
+                        help="Host names answered to (repeatable); bound to loopback, loopback "
+                             "names are always answered to and no others unless listed here")
+    access.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let web pages from ORIGIN (scheme://host[:port], or *) call the "
+                             "server (repeatable; default: none, cross-origin requests get 403)")
+    serve.add_argument("--served-model-name", type=_alias, action="append", default=[],
+                       metavar="ALIAS=MODEL",
+                       help="another name for a model on the OpenAI routes, e.g. "
+                            "text-embedding-3-small=embed (repeatable)")
+    serve.add_argument("--access-log", nargs="?", const="-", default=None, metavar="FILE",
+                       help="write one JSON line per request (id, route, model, status, bytes, "
+                            "time) to FILE, or to standard error with no FILE (default: off)")
+    serve.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                       help="send an OpenTelemetry span per request (traceparent honoured) to "
+                            "this OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; "
+                            "needs the tracing extra (default: off)")
+    http = HttpLimits()
+    limits = serve.add_argument_group("connections")
+    limits.add_argument("--read-timeout", type=positive, default=http.read_timeout_s,
+                        metavar="S", help="a client silent this long in the middle of a request "
+                                          "gets a 408 (default: %(default)g)")
+    limits.add_argument("--header-timeout", type=positive, default=http.header_timeout_s,
+                        metavar="S", help="a request's line and headers must arrive within "
+                                          "this time, or it gets a 408 (default: %(default)g)")
+    limits.add_argument("--idle-timeout", type=positive, default=http.idle_timeout_s,
+                        metavar="S", help="a keep-alive connection idle this long is closed "
+                                          "(default: %(default)g)")
+    limits.add_argument("--max-connections", type=count, default=http.max_connections,
+                        help="open connections at most; at the cap the connection silent "
+                             "longest makes room, or a newcomer gets a 503 (default: "
+                             "%(default)s, half this process's file limit at most)")
+    limits.add_argument("--drain-timeout", type=positive, default=DRAIN_TIMEOUT_S, metavar="S",
+                        help="on SIGTERM or SIGINT, how long accepted requests get to finish "
+                             "(default: %(default)g)")
+
+
+def run_serve_command(args: argparse.Namespace) -> None:
+    from queryserve.server.routing import Limits
+    from queryserve.server.run import ServeOptions, serve
+
+    keys = [*args.api_key, *(key.strip() for key in
+                             os.environ.get(API_KEY_VARIABLE, "").split(",") if key.strip())]
+    host, port = args.http
+    serve(ServeOptions(
+        args.repository, host, port, args.cores, Limits(args.max_items),
+        HttpLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
+                   idle_timeout_s=args.idle_timeout, header_timeout_s=args.header_timeout,
+                   max_connections=args.max_connections),
+        args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
+        allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
+        aliases=dict(args.served_model_name), access_log=args.access_log,
+        otlp_endpoint=args.otlp_endpoint))

@@ -1,0 +1,65 @@
+"""The gRPC listener: grpc.aio on the server's own event loop, beside the HTTP listener.
+
+grpc.aio runs every RPC as a coroutine on the running loop, so a gRPC request reaches the same
+models, schedulers and statistics as an HTTP one with no thread hop; the schedulers' batches
+mix requests from both.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from queryserve.errors import ServeError
+from queryserve.server.grpc.proto.grpc_service_pb2_grpc import (
+    add_GRPCInferenceServiceServicer_to_server,
+)
+from queryserve.server.grpc.service import InferenceService
+from queryserve.server.routing import ServerState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest request message accepted when the caller gives none (HTTP's body limit is
+passed in by `serve`)."""
+
+
+class GrpcServer:
+    """A listening gRPC server; `shutdown` drains it."""
+
+    def __init__(self, server: grpc.aio.Server, port: int) -> None:
+        self._server = server
+        self.port = port
+        """The port it listens on (the one asked for, or the one picked for port 0)."""
+
+    async def shutdown(self, timeout_s: float) -> None:
+        """Stop accepting RPCs at once; those in flight get `timeout_s` to finish, then are
+        cancelled."""
+        await self._server.stop(grace=timeout_s)
+
+
+async def start_grpc_server(state: ServerState, host: str, port: int,
+                            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> GrpcServer:
+    """Listen on `host:port` (port 0: any free port) and serve KServe v2 gRPC; a request
+    message over `max_message_bytes` is refused (RESOURCE_EXHAUSTED) before it is read."""
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # Answers are bounded by the item limit; refusing one already computed helps nobody.
+        ("grpc.max_send_message_length", -1),
+        # Without this a second server could bind the same port (SO_REUSEPORT) and the two
+        # would share its connections: a taken port must be an error, as it is for HTTP.
+        ("grpc.so_reuseport", 0),
+    ])
+    add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]  # generated
+        InferenceService(state), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio raises "Failed to bind to address ..."
+        bound = 0
+    if not bound:
+        raise ServeError(f"cannot listen for gRPC on {address}: the port is taken or the "
+                         "address is not this machine's")
+    await server.start()
+    return GrpcServer(server, int(bound))

@@ -1,0 +1,167 @@
+"""The `inference.GRPCInferenceService` handlers: each RPC is decode -> the model API ->
+encode, over the same repository, limits and readiness as the HTTP front end.
+
+What every RPC goes through, in one place (`_answering`):
+- **API keys**: every RPC but ServerLive and ServerReady (orchestrators probe those without
+  one) needs `authorization: Bearer KEY` metadata when the server has keys, as every HTTP
+  route but `/v2/health/*` needs the header. `state.auth` counts the refusals.
+- **Errors**: a `QueryServeError` becomes its own status (`grpc_code`, mapped once in
+  errors.py) with its message, and its headers (Retry-After...) as trailing metadata;
+  anything else is logged with its traceback and answered INTERNAL "internal server error",
+  which leaks nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from queryserve.errors import InvalidInput, NotFound, QueryServeError, Unauthorized
+from queryserve.repository import VERSION, shown
+from queryserve.server import kserve
+from queryserve.server.grpc import codec
+from queryserve.server.grpc.proto import grpc_service_pb2 as pb
+from queryserve.server.routing import ServerState
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[["InferenceService", Req], Awaitable[Resp]]
+Rpc = Callable[["InferenceService", Req, Any], Awaitable[Resp]]
+"""A handler as grpc.aio calls it: (service, request, `grpc.aio.ServicerContext`)."""
+
+
+async def abort(context: Any, code: grpc.StatusCode, message: str,
+                metadata: tuple[tuple[str, str], ...] = ()) -> NoReturn:
+    await context.abort(code, message, metadata)
+    raise AssertionError("grpc.aio's abort raises")  # never reached
+
+
+def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
+    @functools.wraps(handler)
+    async def answer(service: InferenceService, request: Req, context: Any) -> Resp:
+        try:
+            if keyed:
+                service.check_key(context)
+            return await handler(service, request)
+        except QueryServeError as exc:
+            await abort(context, grpc.StatusCode[exc.grpc_code], exc.message,
+                        tuple(exc.headers.items()))
+        except Exception:
+            log.exception("error answering gRPC %s", handler.__name__)
+            await abort(context, grpc.StatusCode.INTERNAL, "internal server error")
+
+    return answer
+
+
+def _rpc(handler: Handler[Req, Resp]) -> Rpc[Req, Resp]:
+    return _answering(handler, keyed=True)
+
+
+def _public_rpc(handler: Handler[Req, Resp]) -> Rpc[Req, Resp]:
+    return _answering(handler, keyed=False)
+
+
+class InferenceService:
+    """The service's RPCs, named as the proto names them (the generated
+    `add_GRPCInferenceServiceServicer_to_server` looks them up by name)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.repository = state.repository
+
+    def check_key(self, context: Any) -> None:
+        metadata = context.invocation_metadata() or ()
+        value = next((v for k, v in metadata if k.lower() == "authorization"), None)
+        if not self.state.auth.allows(value):
+            raise Unauthorized("this server needs an API key: send the metadata "
+                               "'authorization: Bearer KEY'" if value is None
+                               else "the API key is not valid")
+
+    @_public_rpc
+    async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @_public_rpc
+    async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.state.ready())
+
+    @_rpc
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        model = self.repository.models.get(request.name)
+        if model is not None and request.version in ("", VERSION) and model.ready():
+            return pb.ModelReadyResponse(ready=True)
+        if self.repository.exists(request.name):
+            return pb.ModelReadyResponse(ready=False)
+        raise NotFound(f"unknown model '{shown(request.name)}'")
+
+    @_rpc
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             ) -> pb.ServerMetadataResponse:
+        return codec.server_metadata()
+
+    @_rpc
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            ) -> pb.ModelMetadataResponse:
+        model = self.repository.get(request.name, request.version)
+        return codec.model_metadata(model.config, VERSION)
+
+    @_rpc
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        model = self.repository.get(request.name, request.version)
+        return codec.model_config(model.config, model.threads)
+
+    @_rpc
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              ) -> pb.ModelStatisticsResponse:
+        models = ([self.repository.get(request.name, request.version)] if request.name
+                  else list(self.repository.models.values()))
+        return codec.model_statistics([m.stats.as_triton_json(m.name, VERSION) for m in models])
+
+    @_rpc
+    async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        model = self.repository.get(request.model_name, request.model_version)
+        parsed = codec.decode_infer_request(request, model.config)
+        inputs = kserve.model_inputs(parsed, model.config, self.state.check_items)
+        result = await model.infer(inputs)
+        return codec.encode_infer_response(model.config, VERSION, parsed, model.tensors(result))
+
+    async def ModelStreamInfer(self, requests: Any, context: Any) -> None:
+        await abort(context, grpc.StatusCode.UNIMPLEMENTED,
+                    "ModelStreamInfer is not served; use ModelInfer")
+
+    @_rpc
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              ) -> pb.RepositoryIndexResponse:
+        return codec.repository_index(self.repository.index(), request.ready)
+
+    @_rpc
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  ) -> pb.RepositoryModelLoadResponse:
+        _check_parameters(codec.parameters(request.parameters), "load")
+        await self.repository.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    ) -> pb.RepositoryModelUnloadResponse:
+        _check_parameters(codec.parameters(request.parameters), "unload")
+        self.repository.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _check_parameters(parameters: dict[str, Any], action: str) -> None:
+    """Triton's load takes a config or files to use instead of the repository's, its unload
+    `unload_dependents` (tritonclient always sends it, false by default). queryserve serves
+    the repository's own files and unloads one model at a time, so it refuses the rest rather
+    than ignore them."""
+    given = {k for k, v in parameters.items() if not (k == "unload_dependents" and v is False)}
+    if given:
+        raise InvalidInput(f"{action} parameters ({', '.join(sorted(given))[:200]}) are not "
+                           f"supported; queryserve {action}s one model, as the repository "
+                           "holds it")

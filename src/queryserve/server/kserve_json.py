@@ -1,0 +1,194 @@
+"""KServe v2 over HTTP: the JSON body, and the binary tensor extension, whose body is a JSON
+header of `Inference-Header-Content-Length` bytes followed by the raw tensors in input order.
+
+Only the wire format is here; what a tensor must be, the outputs asked for and the
+classification extension are the protocol's shared core (`kserve.py`), which gRPC uses too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+from queryserve.config import ModelConfig
+from queryserve.errors import InvalidInput, UnsupportedMediaType
+from queryserve.server.kserve import (
+    InferRequest,
+    InputValues,
+    add_input,
+    check_inputs_complete,
+    check_tensor,
+    input_spec,
+    numbers,
+    output_tensors,
+    raw_bytes,
+    request_timeout,
+    requested_output,
+    values_from_raw,
+)
+from queryserve.types import Array
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+def decode_infer_request(body: bytes, headers: dict[str, str],
+                         config: ModelConfig) -> InferRequest:
+    if headers.get("content-encoding", "identity") not in ("identity", ""):
+        raise UnsupportedMediaType("compressed request bodies are not supported; "
+                                   "send them uncompressed")
+    header_length = headers.get(HEADER_LENGTH)
+    if header_length is not None:
+        # isdigit() alone admits digits int() refuses ('²'): ASCII digits only.
+        if not (header_length.isascii() and header_length.isdigit()) \
+                or int(header_length) > len(body):
+            raise InvalidInput(f"{HEADER_LENGTH} is {header_length[:40]!r}, but the body has "
+                               f"{len(body)} bytes")
+        split = int(header_length)
+        header, binary = parse_json(body[:split]), memoryview(body)[split:]
+    else:
+        header, binary = parse_json(body), memoryview(b"")
+    if not isinstance(header, dict):
+        raise InvalidInput("the request body must be a JSON object with 'inputs'")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    inputs: dict[str, InputValues] = {}
+    offset = 0
+    for i, raw in enumerate(raw_inputs):
+        name, values, offset = _decode_input(raw, i, config, binary, offset)
+        add_input(inputs, name, values, i)
+    check_inputs_complete(inputs, config)
+    if offset != len(binary):
+        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
+                           "input claims in 'binary_data_size'")
+    parameters = _parameters(header.get("parameters"), "parameters")
+    binary_default = bool(parameters.get("binary_data_output", False))
+    binary_outputs, classifications = _requested_outputs(header.get("outputs"), config,
+                                                         binary_default)
+    return InferRequest(
+        id=str(header["id"]) if header.get("id") is not None else None,
+        inputs=inputs,
+        binary_outputs=binary_outputs,
+        binary_default=binary_default,
+        timeout_s=request_timeout(parameters),
+        parameters=parameters,
+        classifications=classifications,
+    )
+
+
+def parse_json(data: bytes | memoryview) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+
+
+def _parameters(raw: object, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"'{where}' must be an object")
+    return raw
+
+
+def _decode_input(raw: object, i: int, config: ModelConfig, binary: memoryview,
+                  offset: int) -> tuple[str, InputValues, int]:
+    """One JSON input: (its name, its values, the binary data's next offset)."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype and data")
+    spec = input_spec(raw.get("name"), i, config)
+    where = f"input '{spec.name}'"
+    shape = raw.get("shape")
+    count = check_tensor(spec, raw.get("datatype"), shape, config, where)
+    size = _parameters(raw.get("parameters"), f"{where}.parameters").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            raise InvalidInput(f"{where}: binary_data_size {size!r} does not fit the body")
+        chunk = binary[offset: offset + size]
+        return spec.name, values_from_raw(chunk, spec.datatype, count, where), offset + size
+    if "data" not in raw:
+        raise InvalidInput(f"{where} has no 'data' and no binary_data_size")
+    assert isinstance(shape, list)  # check_tensor said so
+    return spec.name, _from_json(raw["data"], spec.datatype, shape, where), offset
+
+
+def _flatten(data: object, depth: int, where: str) -> list[Any]:
+    """The elements of JSON data given flat or nested as the shape (row-major), nested at most
+    `depth` deep; walked without recursion, so no nesting can exhaust the stack."""
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    stack: list[tuple[list[Any], int, int]] = [(data, 0, 1)]  # (list, next index, its depth)
+    while stack:
+        items, i, level = stack.pop()
+        while i < len(items):
+            item = items[i]
+            i += 1
+            if isinstance(item, list):
+                if level >= depth:
+                    raise InvalidInput(f"{where}: data is nested deeper than its shape")
+                stack.append((items, i, level))
+                items, i, level = item, 0, level + 1
+            else:
+                flat.append(item)
+    return flat
+
+
+def _from_json(data: object, datatype: str, shape: list[int], where: str) -> InputValues:
+    count = math.prod(shape)
+    flat = _flatten(data, len(shape), where)
+    if len(flat) != count:
+        raise InvalidInput(f"{where} has {len(flat)} elements of data; its shape says {count}")
+    if datatype == "BYTES":
+        return flat
+    if not all(isinstance(v, int | float) for v in flat):
+        raise InvalidInput(f"{where}: data is not all {datatype} numbers")
+    return numbers(flat, datatype, where)
+
+
+def _requested_outputs(raw: object, config: ModelConfig,
+                       binary_default: bool) -> tuple[dict[str, bool], dict[str, int]]:
+    if raw is None:
+        return {}, {}
+    if not isinstance(raw, list):
+        raise InvalidInput("'outputs' must be a list of {name, parameters}")
+    wanted: dict[str, bool] = {}
+    classifications: dict[str, int] = {}
+    for i, item in enumerate(raw):
+        name = item.get("name") if isinstance(item, dict) else None
+        parameters = (_parameters(item.get("parameters"), f"outputs[{i}].parameters")
+                      if isinstance(item, dict) else {})
+        name, count = requested_output(name, parameters, i, config)
+        wanted[name] = bool(parameters.get("binary_data", binary_default))
+        if count is not None:
+            classifications[name] = count
+    return wanted, classifications
+
+
+def encode_infer_response(config: ModelConfig, version: str, request: InferRequest,
+                          outputs: dict[str, Array]) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary outputs follow it."""
+    described: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for tensor in output_tensors(config, request, outputs):
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
+                                 "shape": list(tensor.array.shape)}
+        if tensor.binary:
+            blob = raw_bytes(tensor)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        elif tensor.datatype == "BYTES":
+            entry["data"] = tensor.array.ravel().tolist()
+        else:
+            entry["data"] = tensor.array.ravel()
+        described.append(entry)
+    head: dict[str, Any] = {"model_name": config.name, "model_version": version,
+                            "outputs": described}
+    if request.id is not None:
+        head["id"] = request.id
+    header = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)

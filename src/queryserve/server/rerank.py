@@ -1,0 +1,90 @@
+"""`POST /v1/rerank` (and Infinity's `/rerank`), as Cohere and Jina shape it, over any model
+that scores pairs of texts (`pipeline: pair_scoring`, which answers `PairScores`).
+
+`{"model", "query", "documents", "top_n"?, "return_documents"?}` -> `{"model", "results":
+[{"index", "relevance_score", "document"?: {"text"}}], "usage"}`: each document scored with the
+query as one pair of the model's batch, best first, the first `top_n` (default: all).
+Documents are strings or `{"text": ...}` objects (other keys of an object are the client's
+own and ignored). `return_documents` defaults to false, as Cohere's and Infinity's do.
+
+Every malformed field is a 400 in OpenAI's error object with the field as `param`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from queryserve.api import Inputs, PairScores, decode_texts
+from queryserve.server.http import Request, Response
+from queryserve.server.openai_protocol import about, invalid, model_for
+from queryserve.server.routing import Router, ServerState, json_body, json_response
+
+EXAMPLE = ('{"model": "duplicates", "query": "sony cyber-shot dsc-w120", "documents": '
+           '["sony dscw120p 7.2mp digital camera", {"text": "canon powershot a590"}], '
+           '"top_n": 1}')
+
+
+def add_routes(router: Router, state: ServerState) -> None:
+    async def rerank(request: Request) -> Response:
+        body = json_body(request, EXAMPLE)
+        name, model = model_for(state, body, PairScores, "/v1/rerank", EXAMPLE)
+        query = _query(body.get("query"))
+        documents = _documents(state, body.get("documents"))
+        top_n = _top_n(body.get("top_n"), len(documents))
+        return_documents = body.get("return_documents", False)
+        if not isinstance(return_documents, bool):
+            raise invalid(f"'return_documents' must be true or false, got "
+                          f"{str(return_documents)[:40]}", "return_documents")
+        with about("documents"):
+            scores = await model.infer(Inputs([query] * len(documents), documents))
+        best = np.argsort(-scores.probabilities, kind="stable")[:top_n]
+        return json_response({"model": name, "results": [
+            _result(int(i), float(scores.probabilities[i]),
+                    documents[i] if return_documents else None) for i in best],
+            "usage": {"prompt_tokens": scores.tokens, "total_tokens": scores.tokens}})
+
+    router.add("POST", "/v1/rerank", rerank)
+    router.add("POST", "/rerank", rerank)
+
+
+def _query(raw: object) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise invalid(f"'query' must be a non-empty string, e.g. {EXAMPLE}", "query")
+    return raw
+
+
+def _documents(state: ServerState, raw: object) -> list[str]:
+    """Each document's text: a string, or an object's `"text"`."""
+    if not isinstance(raw, list):
+        raise invalid("'documents' must be a list of strings or of {\"text\": ...} objects, "
+                      f"e.g. {EXAMPLE}", "documents")
+    with about("documents"):
+        state.check_items(len(raw))
+        if not raw:
+            raise invalid("'documents' is empty; send at least one document", "documents")
+        texts = []
+        for i, document in enumerate(raw):
+            if isinstance(document, dict):
+                if "text" not in document:
+                    raise invalid(f"documents[{i}] is an object without \"text\"", "documents")
+                document = document["text"]
+            texts.append(document)
+        return decode_texts(texts, "documents")
+
+
+def _top_n(raw: object, count: int) -> int:
+    """How many results to return: all by default; more than there are documents is all."""
+    if raw is None:
+        return count
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise invalid(f"'top_n' must be a positive integer, got {str(raw)[:40]}", "top_n")
+    return min(raw, count)
+
+
+def _result(index: int, score: float, document: str | None) -> dict[str, Any]:
+    result: dict[str, Any] = {"index": index, "relevance_score": score}
+    if document is not None:
+        result["document"] = {"text": document}
+    return result

@@ -1,0 +1,210 @@
+"""Who may ask, over HTTP: API keys, the Host and Origin guard, CORS; request ids and the access
+log. A real server on 127.0.0.1 with a fake model; real clients (httpx, tritonclient)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from queryserve.server.run import ServeOptions, _warn_if_open
+from queryserve.server.security import AccessControl, host_name, is_loopback
+from tests.conftest import RunningServer, start_server, stop_server, write_fake_model
+
+KEY = "qs-test-key-0123456789"
+APP = "http://app.example:3000"
+INFER = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["jazz"]}]}
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+    """A server with two keys (one from the environment), one CORS origin and an access log."""
+    repository = tmp_path_factory.mktemp("access")
+    write_fake_model(repository, "fake")
+    access_log = repository / "access.log"
+    os.environ["QUERYSERVE_API_KEY"] = "env-key-1, env-key-2"
+    try:
+        server = start_server(repository, repository / "server.log", "--api-key", KEY,
+                              "--cors-allow-origin", APP, "--access-log", str(access_log))
+    finally:
+        del os.environ["QUERYSERVE_API_KEY"]
+    yield server, access_log
+    stop_server(server)
+
+
+def bearer(key: str = KEY) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def metric(server: RunningServer, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=bearer()).text
+    values = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith(name + " ") or line.startswith(name + "{")]
+    return sum(values)
+
+
+def test_without_a_key_every_route_but_health_is_401_with_a_bearer_challenge(
+        guarded: tuple[RunningServer, Path]) -> None:
+    server, _ = guarded
+    assert httpx.get(f"{server.url}/v2/health/live").status_code == 200
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    for method, path in (("GET", "/v2"), ("GET", "/v2/models/fake"), ("GET", "/metrics"),
+                         ("POST", "/v2/repository/index"), ("POST", "/v2/models/fake/infer"),
+                         ("GET", "/v1/models"), ("GET", "/")):
+        response = httpx.request(method, f"{server.url}{path}", json=INFER)
+        assert response.status_code == 401, (method, path, response.text)
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert "API key" in response.json()["error"] or "key" in response.text
+    wrong = httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER,
+                       headers=bearer("nope"))
+    assert wrong.status_code == 401
+    basic = httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER,
+                       headers={"authorization": f"Basic {KEY}"})
+    assert basic.status_code == 401
+
+
+def test_any_of_the_keys_opens_every_route(guarded: tuple[RunningServer, Path]) -> None:
+    server, _ = guarded
+    for key in (KEY, "env-key-1", "env-key-2"):
+        response = httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER,
+                              headers=bearer(key))
+        assert response.status_code == 200, response.text
+    client = triton_http.InferenceServerClient(server.host_port)
+    text = triton_http.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"play some jazz"], dtype=object))
+    result = client.infer("fake", [text], headers=bearer())
+    assert result.as_numpy("embedding").shape == (1, 16)
+    with pytest.raises(InferenceServerException, match=r"401|API key"):
+        client.infer("fake", [text])
+
+
+def test_refusals_are_counted_in_metrics(guarded: tuple[RunningServer, Path]) -> None:
+    server, _ = guarded
+    before = metric(server, "queryserve_auth_failures_total")
+    for _ in range(3):
+        httpx.get(f"{server.url}/v2", headers=bearer("wrong"))
+    assert metric(server, "queryserve_auth_failures_total") == before + 3
+
+
+def test_a_cross_origin_page_cannot_unload_a_model(guarded: tuple[RunningServer, Path]) -> None:
+    """The attack from the issue: a `text/plain` POST (a "simple" request, sent without a
+    preflight) from a page on another origin. Refused even with a valid key."""
+    server, _ = guarded
+    response = httpx.post(f"{server.url}/v2/repository/models/fake/unload", content=b"{}",
+                          headers={"origin": "http://evil.example", "content-type": "text/plain",
+                                   **bearer()})
+    assert response.status_code == 403
+    assert httpx.get(f"{server.url}/v2/models/fake/ready", headers=bearer()).status_code == 200
+
+
+def test_a_rebound_host_name_is_refused(guarded: tuple[RunningServer, Path]) -> None:
+    """DNS rebinding: the page's origin is same-origin as far as the browser knows, but its
+    Host names the attacker's domain."""
+    server, _ = guarded
+    evil = f"evil.example:{server.port}"
+    response = httpx.post(f"{server.url}/v2/repository/models/fake/unload",
+                          headers={"host": evil, "origin": f"http://{evil}", **bearer()})
+    assert response.status_code == 403
+    assert "--allowed-hosts" in response.json()["error"]
+    for host in (f"localhost:{server.port}", f"127.0.0.1:{server.port}", "localhost"):
+        assert httpx.get(f"{server.url}/v2", headers={"host": host, **bearer()}) \
+            .status_code == 200
+
+
+def test_the_server_s_own_page_and_an_allowed_origin_get_through(
+        guarded: tuple[RunningServer, Path]) -> None:
+    server, _ = guarded
+    own = httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER,
+                     headers={"origin": server.url, **bearer()})
+    assert own.status_code == 200
+    assert "access-control-allow-origin" not in own.headers  # same origin needs no CORS
+    allowed = httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER,
+                         headers={"origin": APP, **bearer()})
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == APP
+    assert "x-request-id" in allowed.headers["access-control-expose-headers"]
+
+
+def test_a_cors_preflight_is_answered_for_an_allowed_origin_only(
+        guarded: tuple[RunningServer, Path]) -> None:
+    server, _ = guarded
+    ask = {"access-control-request-method": "POST",
+           "access-control-request-headers": "authorization, content-type"}
+    preflight = httpx.options(f"{server.url}/v2/models/fake/infer",
+                              headers={"origin": APP, **ask})  # a preflight carries no key
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == APP
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    other = httpx.options(f"{server.url}/v2/models/fake/infer",
+                          headers={"origin": "http://other.example", **ask})
+    assert other.status_code == 403
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_request_ids_are_echoed_or_made_and_the_access_log_has_a_line_each(
+        guarded: tuple[RunningServer, Path]) -> None:
+    server, access_log = guarded
+    given = httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER,
+                       headers={"x-request-id": "trace-42", **bearer()})
+    assert given.headers["x-request-id"] == "trace-42"
+    made = {httpx.get(f"{server.url}/v2", headers=bearer()).headers["x-request-id"]
+            for _ in range(5)}
+    assert len(made) == 5
+    bad = httpx.get(f"{server.url}/v2", headers={"x-request-id": "x" * 500, **bearer()})
+    assert bad.headers["x-request-id"] != "x" * 500  # too long to echo: a new one is made
+    refused = httpx.get(f"{server.url}/v2/models/fake")  # no key: logged, with its id
+    lines = [orjson.loads(line) for line in access_log.read_bytes().splitlines()]
+    by_id = {line["id"]: line for line in lines}
+    line = by_id["trace-42"]
+    assert line["method"] == "POST" and line["path"] == "/v2/models/fake/infer"
+    assert line["model"] == "fake" and line["status"] == 200
+    assert line["bytes_in"] > 0 and line["bytes_out"] > 0 and line["ms"] >= 0
+    assert made <= set(by_id)
+    assert by_id[refused.headers["x-request-id"]]["status"] == 401
+
+
+def test_a_server_without_keys_or_guards_is_open_and_pays_for_no_checks(
+        tmp_path: Path) -> None:
+    """No flags: loopback-bound, so only the Host guard is on; no key is asked for."""
+    write_fake_model(tmp_path, "fake")
+    server = start_server(tmp_path, tmp_path / "server.log")
+    try:
+        assert httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER).status_code == 200
+        assert httpx.get(f"{server.url}/v2", headers={"host": "evil.example"}) \
+            .status_code == 403
+    finally:
+        stop_server(server)
+
+
+def test_the_policy_for_each_bind_address() -> None:
+    loopback = AccessControl.for_server("127.0.0.1")
+    assert loopback.guarding and loopback.allowed_hosts is not None
+    assert "loopback" in loopback.allowed_hosts
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "127.0.0.2:1", "a.localhost"):
+        loopback.check_host(host)
+    anywhere = AccessControl.for_server("0.0.0.0")
+    assert not anywhere.guarding  # no key, no hosts, no CORS: nothing checked per request
+    named = AccessControl.for_server("0.0.0.0", allowed_hosts=["search.internal"])
+    named.check_host("search.internal:8000")
+    with pytest.raises(Exception, match="does not answer"):
+        named.check_host("evil.example")
+    assert host_name("[::1]:8000") == "::1" and host_name("Example.COM") == "example.com"
+    assert is_loopback("::1") and not is_loopback("10.0.0.1")
+
+
+def test_serving_beyond_loopback_without_a_key_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="queryserve"):
+        _warn_if_open(ServeOptions(Path("."), host="0.0.0.0"))
+        _warn_if_open(ServeOptions(Path("."), host="0.0.0.0", api_keys=("k",)))
+        _warn_if_open(ServeOptions(Path(".")))
+    warnings = [r.message for r in caplog.records]
+    assert len(warnings) == 1 and "without an API key" in warnings[0]

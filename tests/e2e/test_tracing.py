@@ -1,0 +1,79 @@
+"""OpenTelemetry spans: a real server exports one span per request over OTLP/HTTP to a collector
+stand-in on 127.0.0.1 (a plain HTTP server that decodes what the real exporter sends)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.conftest import start_server, stop_server, write_fake_model
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+class Collector(BaseHTTPRequestHandler):
+    exports: ClassVar[list[ExportTraceServiceRequest]] = []
+
+    def do_POST(self) -> None:  # the standard library's name
+        body = self.rfile.read(int(self.headers["content-length"]))
+        Collector.exports.append(ExportTraceServiceRequest.FromString(body))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def collector() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Collector.exports = []
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    server.shutdown()
+
+
+def test_each_request_is_a_span_in_the_caller_s_trace(tmp_path: Path, collector: str) -> None:
+    write_fake_model(tmp_path, "fake")
+    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"  # export every 50 ms, not every 5 s
+    try:
+        server = start_server(tmp_path, tmp_path / "server.log", "--otlp-endpoint", collector)
+    finally:
+        del os.environ["OTEL_BSP_SCHEDULE_DELAY"]
+    try:
+        answer = httpx.post(
+            f"{server.url}/v2/models/fake/infer",
+            json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                              "data": ["jazz"]}]},
+            headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "x-request-id": "r-1"})
+        assert answer.status_code == 200
+        assert httpx.get(f"{server.url}/v2/models/nope").status_code == 404
+    finally:
+        stop_server(server)  # a drained server sends its last batch of spans
+    spans = [span for export in Collector.exports for resource in export.resource_spans
+             for scope in resource.scope_spans for span in scope.spans]
+    by_name = {span.name: span for span in spans}
+    infer = by_name["POST /v2/models/fake/infer"]
+    assert infer.trace_id.hex() == TRACE_ID and infer.parent_span_id.hex() == PARENT_ID
+    attributes = {a.key: a.value for a in infer.attributes}
+    assert attributes["http.response.status_code"].int_value == 200
+    assert attributes["queryserve.model"].string_value == "fake"
+    assert attributes["queryserve.request_id"].string_value == "r-1"
+    missing = by_name["GET /v2/models/nope"]
+    assert missing.trace_id.hex() != TRACE_ID  # no traceparent: a trace of its own
+    assert {a.key: a.value for a in missing.attributes}[
+        "http.response.status_code"].int_value == 404
+    service = {a.key: a.value.string_value for export in Collector.exports
+               for resource in export.resource_spans for a in resource.resource.attributes}
+    assert service["service.name"] == "queryserve"
