@@ -164,6 +164,17 @@ def test_request_id_and_parameters_reach_the_answer(served: Served) -> None:
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "parameter 'timeout' is -1" in message
 
 
+def test_a_request_id_in_metadata_comes_back_in_the_trailers(served: Served) -> None:
+    metadata = (("x-request-id", "trace-9"),)
+    _, call = served.stub().ModelInfer.with_call(typed_request("fake", ["a"]),
+                                                 metadata=metadata)
+    assert ("x-request-id", "trace-9") in tuple(call.trailing_metadata())
+    with pytest.raises(grpc.RpcError) as failed:
+        served.stub().ModelInfer(typed_request("nope", ["a"]), metadata=metadata)
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    assert ("x-request-id", "trace-9") in tuple(failed.value.trailing_metadata())
+
+
 def top_classes(answer: np.ndarray) -> list[list[str]]:
     return [[v.decode() if isinstance(v, bytes) else str(v) for v in row] for row in answer]
 

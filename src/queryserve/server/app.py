@@ -21,13 +21,12 @@ from queryserve.server import kserve_http, metrics, openai, openai_protocol, pag
 from queryserve.server.access_log import AccessLog
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.routing import Limits, Router, ServerState
-from queryserve.server.security import AccessControl
+from queryserve.server.security import AccessControl, valid_id
 from queryserve.server.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 FRONT_ENDS = (kserve_http, openai, rerank, tasks, metrics, pages)
-MAX_REQUEST_ID_CHARS = 200
 
 
 class ServerApp:
@@ -50,7 +49,7 @@ class ServerApp:
         started = time.perf_counter()
         headers = request.headers
         given = headers.get("x-request-id")
-        request.id = (given if given is not None and _valid_id(given)
+        request.id = (given if given is not None and valid_id(given)
                       else f"{self._id_prefix}-{next(self._ids):x}")
         span = self.tracing.start(request) if self.tracing is not None else None
         origin = headers.get("origin")
@@ -100,9 +99,3 @@ def error_response(path: str, error: QueryServeError) -> Response:
         response = json_error(error.http_status, error.message)
     response.headers.extend(error.headers.items())
     return response
-
-
-def _valid_id(value: str) -> bool:
-    """A client's request id is echoed in a header: visible ASCII only, and not too long."""
-    return 0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii() and value.isprintable() \
-        and " " not in value

@@ -33,6 +33,14 @@ CORS_ALLOW_HEADERS = ("authorization, content-type, content-encoding, x-request-
                       "inference-header-content-length")
 CORS_EXPOSE_HEADERS = "x-request-id, inference-header-content-length, retry-after"
 CORS_MAX_AGE_S = 600
+MAX_REQUEST_ID_CHARS = 200
+
+
+def valid_id(value: str) -> bool:
+    """Whether a client's request id may be echoed (in a header, or gRPC metadata): visible
+    ASCII only, and not too long."""
+    return 0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii() and value.isprintable() \
+        and " " not in value
 
 
 def is_loopback(host: str) -> bool:

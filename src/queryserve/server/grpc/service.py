@@ -26,6 +26,7 @@ from queryserve.server import kserve
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.routing import ServerState
+from queryserve.server.security import valid_id
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,22 @@ async def abort(context: Any, code: grpc.StatusCode, message: str,
 def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
     @functools.wraps(handler)
     async def answer(service: InferenceService, request: Req, context: Any) -> Resp:
+        metadata = dict(context.invocation_metadata() or ())  # gRPC keys are lower-case
+        # A client's request id comes back in the trailers, as HTTP echoes x-request-id.
+        given = metadata.get("x-request-id")
+        echoed = (("x-request-id", given),) if given is not None and valid_id(given) else ()
         try:
             if keyed:
-                service.check_key(context)
+                service.check_key(metadata.get("authorization"))
+            if echoed:
+                context.set_trailing_metadata(echoed)
             return await handler(service, request)
         except QueryServeError as exc:
             await abort(context, grpc.StatusCode[exc.grpc_code], exc.message,
-                        tuple(exc.headers.items()))
+                        (*exc.headers.items(), *echoed))
         except Exception:
             log.exception("error answering gRPC %s", handler.__name__)
-            await abort(context, grpc.StatusCode.INTERNAL, "internal server error")
+            await abort(context, grpc.StatusCode.INTERNAL, "internal server error", echoed)
 
     return answer
 
@@ -75,9 +82,7 @@ class InferenceService:
         self.state = state
         self.repository = state.repository
 
-    def check_key(self, context: Any) -> None:
-        metadata = context.invocation_metadata() or ()
-        value = next((v for k, v in metadata if k.lower() == "authorization"), None)
+    def check_key(self, value: str | None) -> None:
         if not self.state.auth.allows(value):
             raise Unauthorized("this server needs an API key: send the metadata "
                                "'authorization: Bearer KEY'" if value is None
