@@ -60,7 +60,7 @@ def render(report: dict[str, Any]) -> list[str]:
              for r in report["speed"]}
     base = speed[("fp32", 32)]
     scores = {s["corrector"]: s for s in report["scores"]}
-    channel, seq2seq, sym = scores["channel"], scores["seq2seq"], scores["symspell"]
+    channel, seq2seq, sym = scores["channel"], scores["seq2seq"], scores["symspellpy"]
     served = report["served"]
     lines = [
         "## 8. The spelling correctors: training, accuracy against SymSpell, serving", "",
@@ -78,7 +78,8 @@ def render(report: dict[str, Any]) -> list[str]:
           f"{r['examples_per_second'] / base:.2f}x |" for r in report["speed"]], "",
         "Accuracy, `queryserve eval spell model_repository/spell model_repository/spell-seq2seq "
         + " ".join(f"--min-score {m}" for m in MIN_SCORES) + "` (held-out splits, see "
-        "`src/queryserve/spell/evaluate.py`; SymSpell over the same dictionary; a row `score "
+        "`src/queryserve/spell/evaluate.py`; symspellpy's `lookup_compound` over the same "
+        "dictionary; a row `score "
         ">= x` is the corrector as an auto-correct that changes a query only when its score "
         "reaches x):", "",
         "| corrector | word accuracy (real misspellings) | query accuracy (misspelled) | "

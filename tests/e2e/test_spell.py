@@ -199,25 +199,38 @@ def test_prepare_keeps_a_current_channel_and_relearns_a_stale_one(
     assert tables.read_bytes() == learned
 
 
-def test_eval_spell_compares_with_symspell(served_folder: Path, channel_folder: Path,
-                                           data: Path, tmp_path: Path) -> None:
+def test_eval_spell_scores_both_sets_against_symspellpy(served_folder: Path,
+                                                       channel_folder: Path, data: Path,
+                                                       tmp_path: Path) -> None:
     scores_file = tmp_path / "scores.json"
     result = subprocess.run(
         [sys.executable, "-m", "queryserve", "eval", "spell", str(channel_folder),
-         str(served_folder), "--data", str(data), "--size", "30", "--json", str(scores_file)],
-        capture_output=True, text=True, timeout=600)
+         str(served_folder), "--data", str(data), "--size", "30", "--min-score", "0.9",
+         "--json", str(scores_file)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "symspell" in result.stdout and "seq2seq" in result.stdout
+    for words in ("symspellpy", "seq2seq", "hard set", "realistic set", "1 edit", "2 edits",
+                  "noise seeds 0, 1, 2"):
+        assert words in result.stdout, words
     scores = {s["corrector"]: s for s in json.loads(scores_file.read_text())}
-    assert list(scores) == ["channel", "seq2seq", "channel, score >= 0.9",
-                            "seq2seq, score >= 0.9", "symspell"]
+    # No search/pipeline.yaml beside the models: the pipeline's default threshold, 0.5.
+    assert list(scores) == ["channel", "seq2seq", "channel, score >= 0.5",
+                            "channel, score >= 0.9", "seq2seq, score >= 0.5",
+                            "seq2seq, score >= 0.9", "symspellpy"]
     for s in scores.values():
         for key in ("word_accuracy", "query_accuracy", "false_corrections"):
             assert 0.0 <= s[key] <= 1.0
+        assert s["clean"]["total"] == 30
+        for name in ("hard", "realistic"):
+            rate = s[name]["query_accuracy"]
+            assert rate["low"] <= rate["share"] <= rate["high"]
+        assert s["realistic"]["by_group"]["1"]["total"] >= s["realistic"]["by_group"]["2"][
+            "total"]
+    # 30 queries x 3 noise seeds, each with one typo or more (the noise model can miss one).
+    assert 80 <= scores["channel"]["hard"]["query_accuracy"]["total"] <= 90
     # Both dictionary correctors know the training catalog's words: they fix a good share of
     # one-edit typos, and an auto-correct threshold changes fewer right queries.
-    assert scores["symspell"]["query_accuracy_by_edits"]["1"] > 0.3
-    assert scores["channel"]["query_accuracy_by_edits"]["1"] > 0.3
+    assert scores["symspellpy"]["query_accuracy_by_edits"]["1"] > 0.3
+    assert scores["channel"]["realistic"]["by_group"]["1"]["share"] > 0.3
     assert scores["channel, score >= 0.9"]["false_corrections"] <= \
         scores["channel"]["false_corrections"]
 

@@ -1,12 +1,13 @@
-"""The corrector's text tools: edit alignment, the learned typo model, SymSpell, the splits."""
+"""The corrector's text tools: edit alignment, the learned typo model, the symspellpy baseline,
+the splits."""
 
 from __future__ import annotations
 
 import random
 
 from queryserve.backends.noisy_channel.noise import NoiseModel, align
+from queryserve.spell.baseline import SymSpellPy
 from queryserve.spell.data import held_out, load_catalog, load_misspellings
-from queryserve.spell.symspell import SymSpell
 from tests.conftest import ROOT
 
 
@@ -33,17 +34,17 @@ def test_noise_model_learns_and_corrupts() -> None:
     assert query != "play the beatles" and len(query.split()) == 3
 
 
-def test_symspell_fixes_near_misses_and_keeps_known_words() -> None:
-    spell = SymSpell(["the beatles", "taylor swift", "receive a call", "sony tv 4k"])
-    assert spell.word("recieve") == "receive"
-    assert spell.word("swfit") == "swift"
-    assert spell.word("beatles") == "beatles"
-    assert spell.word("zzzzzzzz") == "zzzzzzzz"  # nothing within two edits: kept
-    assert spell.word("4k") == "4k"  # digits: a model number, kept
-    [c] = spell.correct(["Taylor  Swfit"])
-    assert c.corrected == "taylor swift" and c.changed
-    [c] = spell.correct(["The Beatles"])
-    assert c.corrected == "the beatles" and not c.changed
+def test_symspellpy_fixes_near_misses_joins_splits_and_keeps_known_words() -> None:
+    spell = SymSpellPy(["the beatles", "taylor swift", "receive a call", "sony tv 4k",
+                        "taylor swift", "x-men"])
+    assert spell.spell.bigrams["taylor swift"] == 2  # the catalog's word pairs, counted
+    fixed = spell.correct(["recieve a call", "Taylor  Swfit", "taylorswift", "sony tv 4k",
+                           "The Beatles", "x-men", "zzzzzzzz"])
+    assert [(c.corrected, c.changed) for c in fixed] == [
+        ("receive a call", True), ("taylor swift", True), ("taylor swift", True),
+        ("sony tv 4k", False), ("the beatles", False), ("x-men", False),
+        ("zzzzzzzz", False)]  # nothing within two edits: kept
+    assert [c.query for c in fixed][1] == "Taylor  Swfit"
 
 
 def test_splits_are_disjoint_and_stable() -> None:

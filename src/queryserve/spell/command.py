@@ -53,48 +53,83 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     evaluate = commands.add_parser("eval", help="measure a model on held-out data")
     tasks = evaluate.add_subparsers(dest="task", required=True)
     spell = tasks.add_parser(
-        "spell", help="the spelling corrector against SymSpell: word accuracy on real "
-                      "misspellings, query accuracy, false corrections")
+        "spell", help="the spelling correctors against symspellpy on a hard and a realistic "
+                      "typo set: query accuracy (by number of edits), false corrections, word "
+                      "accuracy on real misspellings, with 95%% intervals")
     spell.add_argument("models", type=Path, nargs="+", metavar="MODEL",
                        help="served model folders: the noisy channel (`queryserve train "
                             "spell-channel` output, e.g. model_repository/spell) or a seq2seq "
                             "model (`queryserve optimize --task seq2seq` output, e.g. "
                             "model_repository/spell-seq2seq)")
-    spell.add_argument("--size", type=count, default=1000,
-                       help="queries and words per set (default: %(default)s)")
-    spell.add_argument("--seed", type=int, default=0)
+    spell.add_argument("--size", type=count, default=None,
+                       help="a sample of this many held-out queries and words (default: all)")
+    spell.add_argument("--seed", type=int, default=0,
+                       help="the first noise seed (and the sample's, with --size)")
+    spell.add_argument("--seeds", type=count, default=None,
+                       help="noise seeds: each misspelled set is drawn this many times "
+                            "(default: 3)")
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
     spell.add_argument("--min-score", type=probability, action="append", default=None,
                        help="also score each model as an auto-correct that changes a query "
-                            "only at this score or above (repeatable; default: 0.9)")
+                            "only at this score or above (repeatable); the served threshold "
+                            "(min_score in search/pipeline.yaml beside the first MODEL, else "
+                            "the search pipeline's default) is always scored")
+    spell.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar")
     spell.add_argument("--json", type=Path, help="also write the scores here")
 
 
-def run_eval_command(args: argparse.Namespace) -> None:
-    from dataclasses import asdict
+def served_min_score(model: Path) -> float:
+    """The search pipeline's auto-correct threshold: `min_score` of the `search/pipeline.yaml`
+    in the model's repository, or the default when there is none."""
+    from queryserve.config import ENSEMBLE_FILE, SearchSteps, load_ensemble_config
 
-    from queryserve.spell.corrector import Confident, Corrector, open_corrector
+    pipeline = model.parent / "search" / ENSEMBLE_FILE
+    if pipeline.is_file():
+        steps = load_ensemble_config(pipeline).ensemble
+        if steps is not None:
+            return steps.min_score
+    return SearchSteps(embed="embed").min_score
+
+
+def run_eval_command(args: argparse.Namespace) -> None:
+    import sys
+    from functools import partial
+
+    from queryserve.progress import progress_bar
+    from queryserve.spell.baseline import SymSpellPy
+    from queryserve.spell.corrector import Corrector, open_corrector
     from queryserve.spell.data import (
         dictionary_texts,
         load_catalog,
         load_misspellings,
         load_words,
     )
-    from queryserve.spell.evaluate import EvalSets, print_table, score
-    from queryserve.spell.symspell import SymSpell
+    from queryserve.spell.evaluate import SEEDS, SpellSets
+    from queryserve.spell.report import print_tables
+    from queryserve.spell.scoring import Score, answer, at_min_score, score
 
     check_data(args.data)
-    correctors = [open_corrector(folder) for folder in args.models]
-    sets = EvalSets.build(args.data, args.size, args.seed)
+    correctors: list[Corrector] = [open_corrector(folder) for folder in args.models]
+    sets = SpellSets.build(args.data, args.size, args.seed, args.seeds or SEEDS)
     catalog, misspellings = load_catalog(args.data), load_misspellings(args.data)
-    baseline = SymSpell(dictionary_texts(catalog, misspellings, load_words(args.data)))
-    confident: list[Corrector] = [Confident(c, m) for c in correctors
-                                  for m in args.min_score or [0.9]]
-    scores = [score(c, sets) for c in [*correctors, *confident, baseline]]
-    print_table(scores, sets)
+    correctors.append(SymSpellPy(dictionary_texts(catalog, misspellings, load_words(args.data))))
+    min_scores = sorted({served_min_score(args.models[0]), *(args.min_score or [])})
+    texts = sets.texts()
+    scores: list[Score] = []
+    thresholded: list[Score] = []
+    with progress_bar(args.progress and sys.stdout.isatty()) as display:
+        for corrector in correctors:
+            task = display.add_task(corrector.name, total=len(texts), status="")
+            answers = answer(corrector, texts, partial(display.advance, task))
+            scores.append(score(answers, sets))
+            if corrector.name != SymSpellPy.name:  # its answers carry no score
+                thresholded += [score(at_min_score(answers, m), sets, m) for m in min_scores]
+    scores = [*scores[:-1], *thresholded, scores[-1]]
+    print_tables(scores, sets)
     if args.json:
-        args.json.write_text(json.dumps([asdict(s) for s in scores], indent=2) + "\n")
+        args.json.write_text(json.dumps([s.to_json() for s in scores], indent=2) + "\n")
 
 
 def run_spell_train_command(args: argparse.Namespace) -> None:
