@@ -100,3 +100,63 @@ def test_the_deletion_index_finds_exactly_the_words_a_full_scan_finds() -> None:
         deletions("jaxz", 1)
     with pytest.raises(ValueError, match="deeper than the index"):
         index.near("swift", 3)
+
+
+def test_a_query_typed_without_a_space_is_split_into_known_words(channel: NoisyChannel) -> None:
+    fixed = channel.correct(["taylorswift", "shake itoff taylor swift", "play somejazz"])
+    assert [c.corrected for c in fixed] == [
+        "taylor swift", "shake it off taylor swift", "play some jazz"]
+    assert all(c.changed and 0.5 < c.score <= 1.0 for c in fixed)
+
+
+def test_a_word_typed_with_a_space_inside_is_joined(channel: NoisyChannel) -> None:
+    fixed = channel.correct(["tay lor swift", "sleepy head passion pit", "play some ja zz"])
+    assert [c.corrected for c in fixed] == [
+        "taylor swift", "sleepyhead passion pit", "play some jazz"]
+
+
+def test_two_known_words_are_not_joined_nor_a_known_word_split(channel: NoisyChannel) -> None:
+    # "play some" is not "playsome", and "sleepyhead" stays one word though "sleepy" and
+    # "head" were both known: only unknown typed words are split.
+    tables = ChannelTables.learn([*CATALOG, "sleepy head", "some jazz"], ["music", "coffees"],
+                                 NoiseModel.learn(TYPOS))
+    with_parts = NoisyChannel(tables)
+    for c in with_parts.correct(["play some jazz", "sleepyhead passion pit", "sleepy head"]):
+        assert c.corrected == c.query and not c.changed, c
+    assert with_parts.splits("sleepyhead") == ()
+    assert with_parts.splits("sleepyheadjaz") == ()  # "jaz" is no word: no near-word parts
+
+
+def test_splits_and_joins_stay_few_and_cheap(channel: NoisyChannel) -> None:
+    # Not timed: what bounds the work is that a word yields at most MAX_SPLITS splits, each
+    # into two known words, and a join only where the two typed words make a known word.
+    from queryserve.backends.noisy_channel.channel import MAX_SPLITS
+
+    assert [pair for pair, _ in channel.splits("passionpit")] == [("passion", "pit")]
+    assert channel.splits("play" * 20) == ()  # only two-way splits: a bounded search
+    for typed in ("taylorswift", "someplay", "blankspace"):
+        splits = channel.splits(typed)
+        assert 0 < len(splits) <= MAX_SPLITS
+        assert all(a + b == typed and a in channel.unigrams and b in channel.unigrams
+                   for (a, b), _ in splits)
+    assert channel.splits("13") == () and channel.splits("kids'") == ()
+    assert channel._join("tay", "lor") is not None and channel._join("taylor", "swift") is None
+    assert channel._join("v", "2.0") is None
+    query = " ".join(["taylorswift tay lor"] * 20)
+    assert channel.correct([query])[0].corrected == " ".join(["taylor swift taylor"] * 20)
+
+
+def test_tables_saved_before_the_space_parameter_load_with_its_default(
+        channel: NoisyChannel, tmp_path: Path) -> None:
+    import json
+
+    from queryserve.backends.noisy_channel.channel import FILE, ChannelParameters
+
+    path = channel.tables.save(tmp_path)
+    raw = json.loads(path.read_text())
+    del raw["parameters"]["p_space"]
+    path.write_text(json.dumps(raw))
+    loaded = NoisyChannel.load(tmp_path)
+    assert loaded.parameters.p_space == ChannelParameters().p_space
+    assert loaded.correct(["taylorswift"]) == channel.correct(["taylorswift"])
+    assert path.name == FILE

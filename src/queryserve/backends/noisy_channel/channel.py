@@ -14,7 +14,9 @@ For a typed query t it picks the words w that maximise P(w) * P(t | w):
 Every typed word keeps itself as a candidate (an unseen name is left alone unless a known
 word explains it much better) and gets the catalog words within a few edits (rapidfuzz's
 optimal string alignment distance; longer words allow more edits) and the words the catalog
-most often types after the candidates before it; a Viterbi pass over the bigram lattice
+most often types after the candidates before it. A space typo is one edit too: an unknown
+typed word may be two known words typed together ("taylorswift"), two typed words one known
+word with a space inside ("tay lor"), each at `p_space`. A Viterbi pass over the bigram lattice
 finds the best query, and the forward pass gives its posterior, the score.
 
 Why not only the trained seq2seq model: on this 2-core machine an hour of training teaches a
@@ -69,6 +71,12 @@ INDEX_DEPTH, INDEX_LONGEST = 2, 8
 # false corrections down from 4.1% to 3.8%. A typed word the catalog uses more than 100 times
 # gets none: the same accuracy there, at 660 queries/s instead of 512.
 CONTEXT_NEXT, CONTEXT_REACH, CONTEXT_KEEP, CONTEXT_COMMON = 64, 3, 4, 100
+# A typed word the catalog does not know may be two known words with the space left out
+# ("taylorswift"); two typed words may be one known word with a space typed inside
+# ("tay lor"). Splits are tried at every place where both parts are known words (of 2+
+# letters, or "a" and "i"), the likeliest `MAX_SPLITS` of them by their unigrams kept;
+# joins only where the two typed words together are exactly a known word.
+MAX_SPLITS, SHORT_WORDS = 4, frozenset({"a", "i"})
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,10 @@ class ChannelParameters:
     max_distance: tuple[int, int, int] = (2, 2, 3)
     """Edits searched for unknown words of up to 3 letters, 4-6 letters, and longer; known
     words search one edit (a real word typed for another: "form" for "from")."""
+    p_space: float = 0.03
+    """Probability, given a typo, that it is a space left out ("taylorswift" for "taylor
+    swift") or typed inside a word ("tay lor" for "taylor"): the channel cost of splitting a
+    typed word into two known words, or joining two typed words into one known word."""
 
 
 @dataclass
@@ -184,6 +196,8 @@ class NoisyChannel:
         self.keep = math.log(1 - p.p_typo)
         # Candidates depend on the typed word only: head words repeat across queries.
         self.candidates = lru_cache(maxsize=1 << 16)(self._candidates)
+        self.splits = lru_cache(maxsize=1 << 16)(self._splits)
+        self.space = math.log(p.p_space)
         # Each word's likeliest next words, with their share of what follows it.
         self.next_words = {a: tuple((w, c[w] / self.context[a][0])
                                     for w in heapq.nlargest(CONTEXT_NEXT, c, key=c.__getitem__)
@@ -268,6 +282,30 @@ class NoisyChannel:
                       key=lambda item: -(item[1] + math.log(self.unigram(item[0]))))
         return ((typed, self.keep), *kept[:MAX_LATTICE - 1])
 
+    def _splits(self, typed: str) -> tuple[tuple[tuple[str, str], float], ...]:
+        """((first, second), log P(typed | first second)) for the likeliest ways to read an
+        unknown typed word as two known words typed without the space between them."""
+        if typed in self.unigrams or not _WORD.fullmatch(typed):
+            return ()
+        known = self.unigrams
+        parts = [(typed[:i], typed[i:]) for i in range(1, len(typed))
+                 if typed[:i] in known and typed[i:] in known
+                 and (i > 1 or typed[:i] in SHORT_WORDS)
+                 and (i < len(typed) - 1 or typed[i:] in SHORT_WORDS)]
+        parts.sort(key=lambda pair: -known[pair[0]] * known[pair[1]])
+        cost = math.log(self.parameters.p_typo) + self.space
+        return tuple((pair, cost) for pair in parts[:MAX_SPLITS])
+
+    def _join(self, first: str, second: str) -> tuple[str, float] | None:
+        """(word, log P(first second | word)) when the two typed words together are a known
+        word typed with a space inside it, else None."""
+        word = first + second
+        if word not in self.unigrams or not (_WORD.fullmatch(first) and _WORD.fullmatch(second)):
+            return None
+        both_known = first in self.unigrams and second in self.unigrams
+        prior = self.parameters.p_real_word if both_known else self.parameters.p_typo
+        return word, math.log(prior) + self.space
+
     def _prior(self, typed: str) -> float:
         """log of a known typed word's typo prior against an unknown one's (0 if unknown)."""
         return math.log(self.parameters.p_real_word / self.parameters.p_typo) \
@@ -301,31 +339,60 @@ class NoisyChannel:
     # -- decoding ----------------------------------------------------------------------------
 
     def correct_words(self, words: Sequence[str]) -> tuple[str, float]:
-        """The best query for these typed words, and its posterior probability."""
+        """The best query for these typed words, and its posterior probability.
+
+        The lattice has a column per typed word, its states the last word meant (what the
+        bigram model conditions on). A state is reached from the column before by a candidate
+        for the typed word, or by two words the typed word splits into, and from the column
+        two back by a word that joins the typed word and the one before it."""
         if not words:
             return "", 1.0
-        best: dict[str, tuple[float, tuple[str, ...]]] = {START: (0.0, ())}
-        forward: dict[str, float] = {START: 0.0}
-        for typed in words:
-            next_best: dict[str, tuple[float, tuple[str, ...]]] = {}
-            next_forward: dict[str, float] = {}
+        columns: list[_Column] = [_Column({START: (0.0, ())}, {START: 0.0})]
+        for i, typed in enumerate(words):
+            before = columns[-1]
+            column = _Column({}, {})
             candidates = self.candidates(typed)
             for word, channel in (*candidates, *self._from_context(
-                    typed, best, {word for word, _ in candidates})):
-                scores = {previous: self.language(previous, word) + channel
-                          for previous in best}
-                previous = max(best, key=lambda p: best[p][0] + scores[p])
-                next_best[word] = (best[previous][0] + scores[previous],
-                                   (*best[previous][1], word))
-                next_forward[word] = _logsumexp([forward[p] + s for p, s in scores.items()])
-            best, forward = next_best, next_forward
+                    typed, before.best, {word for word, _ in candidates})):
+                self._extend(before, (word,), channel, column)
+            for pair, channel in self.splits(typed):
+                self._extend(before, pair, channel, column)
+            if i and (joined := self._join(words[i - 1], typed)) is not None:
+                self._extend(columns[-2], (joined[0],), joined[1], column)
+            columns.append(column)
+        best, forward = columns[-1].best, columns[-1].forward
         final = {previous: self.language(previous, END) for previous in best}
         last = max(best, key=lambda p: best[p][0] + final[p])
         total = _logsumexp([forward[p] + s for p, s in final.items()])
         return " ".join(best[last][1]), math.exp(best[last][0] + final[last] - total)
 
+    def _extend(self, before: _Column, meant: tuple[str, ...], channel: float,
+                column: _Column) -> None:
+        """Adds to `column` the paths from `before` through the words `meant`, typed as what
+        `channel` scores: the best one to the Viterbi state, all of them to the forward sum."""
+        inner = sum(self.language(a, b) for a, b in itertools.pairwise(meant)) + channel
+        scores = {previous: self.language(previous, meant[0]) + inner
+                  for previous in before.best}
+        previous = max(before.best, key=lambda p: before.best[p][0] + scores[p])
+        score = before.best[previous][0] + scores[previous]
+        last = meant[-1]
+        if last not in column.best or score > column.best[last][0]:
+            column.best[last] = (score, (*before.best[previous][1], *meant))
+        reached = [before.forward[p] + s for p, s in scores.items()]
+        if last in column.forward:
+            reached.append(column.forward[last])
+        column.forward[last] = _logsumexp(reached)
+
     def correct(self, queries: Sequence[str]) -> list[Correction]:
         return [correction(q, *self.correct_words(normalized(q).split())) for q in queries]
+
+
+@dataclass
+class _Column:
+    """The lattice after some typed words: for each last word meant, the best path's
+    log-probability and words (Viterbi), and the log of all paths' probability (forward)."""
+    best: dict[str, tuple[float, tuple[str, ...]]]
+    forward: dict[str, float]
 
 
 def _same_word(typed: str, word: str) -> bool:
