@@ -46,12 +46,14 @@ class ServerApp:
         self._id_prefix = secrets.token_hex(4)
 
     async def __call__(self, request: Request) -> Response:
-        started = time.perf_counter()
+        access_log = self.access_log
+        started = time.perf_counter() if access_log is not None else 0.0
         headers = request.headers
         given = headers.get("x-request-id")
         request.id = (given if given is not None and valid_id(given)
                       else f"{self._id_prefix}-{next(self._ids):x}")
-        span = self.tracing.start(request) if self.tracing is not None else None
+        tracing = self.tracing
+        span = tracing.start(request) if tracing is not None else None
         origin = headers.get("origin")
         auth = self.state.auth
         try:
@@ -68,10 +70,10 @@ class ServerApp:
         response.headers.append(("x-request-id", request.id))
         if origin is not None and auth.cors_origins and auth.cors_allows(origin):
             response.headers.extend(auth.cors_headers(origin))
-        if self.access_log is not None:
-            self.access_log.write(request, response, time.perf_counter() - started)
-        if span is not None:
-            self.tracing.end(span, request, response)  # type: ignore[union-attr]
+        if access_log is not None:
+            access_log.write(request, response, time.perf_counter() - started)
+        if tracing is not None:
+            tracing.end(span, request, response)
         return response
 
     async def _guarded(self, request: Request, origin: str | None) -> Response:

@@ -73,8 +73,6 @@ class HttpServer:
         # Connections that have not sent a byte yet, oldest first: at the cap, the oldest of
         # them makes room for a newcomer, so silent connections cannot lock real clients out.
         self.silent: dict[HttpConnection, None] = {}
-        self.refused = 0  # connections turned away over `max_connections` or while shutting down
-        self.evicted = 0  # silent connections closed at the cap to let a new one in
         # Every refusal by its reason, connections and malformed requests alike; each reason is
         # there from the start, so a scraper sees a 0 before the first one, not a new series.
         self.rejections: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
@@ -90,6 +88,16 @@ class HttpServer:
     @property
     def connections(self) -> int:
         return len(self.live)
+
+    @property
+    def refused(self) -> int:
+        """Connections turned away: over `max_connections`, or while shutting down."""
+        return self.rejections["max_connections"] + self.rejections["draining"]
+
+    @property
+    def evicted(self) -> int:
+        """Silent connections closed at the cap to let a new one in."""
+        return self.rejections["evicted"]
 
     @property
     def unanswered(self) -> int:
@@ -109,10 +117,8 @@ class HttpServer:
             oldest = next(iter(self.silent))
             self.forget(oldest)
             oldest.abort()
-            self.evicted += 1
             self.rejections["evicted"] += 1
         if self.draining or len(self.live) >= self.limits.max_connections:
-            self.refused += 1
             self.rejections["draining" if self.draining else "max_connections"] += 1
             return False
         self.live.add(connection)

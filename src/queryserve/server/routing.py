@@ -39,8 +39,11 @@ class Connections(Protocol):
     @property
     def connections(self) -> int: ...
 
-    refused: int
-    evicted: int
+    @property
+    def refused(self) -> int: ...
+
+    @property
+    def evicted(self) -> int: ...
 
     @property
     def unanswered(self) -> int:

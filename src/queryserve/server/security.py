@@ -77,9 +77,14 @@ class AccessControl:
     forbidden: int = 0
     """Requests refused 403: a Host not answered to, or an Origin not allowed."""
     _keys: tuple[bytes, ...] = field(init=False, repr=False)
+    guarding: bool = field(init=False)
+    """Whether any check is on (the application skips them all otherwise): decided once, as
+    the keys, hosts and origins never change."""
 
     def __post_init__(self) -> None:
         self._keys = tuple(key.encode() for key in self.api_keys)
+        self.guarding = bool(self._keys) or self.allowed_hosts is not None \
+            or bool(self.cors_origins)
 
     @classmethod
     def for_server(cls, bind_host: str, api_keys: Iterable[str] = (),
@@ -93,11 +98,6 @@ class AccessControl:
             hosts.update(("loopback", "localhost", "127.0.0.1", "::1"))
         return cls(tuple(api_keys), frozenset(hosts) if hosts else None,
                    frozenset(o.rstrip("/") for o in cors_origins))
-
-    @property
-    def guarding(self) -> bool:
-        """Whether any check is on (the application skips them all otherwise)."""
-        return bool(self._keys) or self.allowed_hosts is not None or bool(self.cors_origins)
 
     def allows(self, authorization: str | None) -> bool:
         """Whether an `Authorization` value carries one of the keys (always, with no keys).

@@ -28,7 +28,14 @@ from pathlib import Path
 from rapidfuzz.distance import OSA
 
 from queryserve.backends.noisy_channel.noise import NoiseModel
-from queryserve.spell.data import DATA, load_catalog, load_misspellings, load_words
+from queryserve.spell.data import (
+    DATA,
+    Catalog,
+    Misspellings,
+    load_catalog,
+    load_misspellings,
+    load_words,
+)
 from queryserve.spell.typos import Typo, TypoGenerator, place_real_misspellings
 
 SEEDS = 3
@@ -46,10 +53,7 @@ class EvalSets:
     @classmethod
     def build(cls, data: Path = DATA, size: int = 1000, seed: int = 0) -> EvalSets:
         rng = random.Random(seed)
-        catalog, misspellings = load_catalog(data), load_misspellings(data)
-        lexicon = set(misspellings.lexicon) | set(load_words(data))
-        words = [(t, w) for t, w in misspellings.held_out if t not in lexicon and t.isalpha()]
-        left_out = len(misspellings.held_out) - len(words)
+        catalog, misspellings, words, left_out = _held_out(data)
         noise = NoiseModel.learn(misspellings.train)
         clean = rng.sample(catalog.held_out, min(size, len(catalog.held_out)))
         misspelled = [(typed, q) for q in clean
@@ -77,10 +81,7 @@ class SpellSets:
               seeds: int = SEEDS) -> SpellSets:
         """All held-out queries and words, or a sample of `size` of each (drawn by `seed`);
         the noise seeds are `seed`, `seed + 1`, ..."""
-        catalog, misspellings = load_catalog(data), load_misspellings(data)
-        lexicon = set(misspellings.lexicon) | set(load_words(data))
-        words = [(t, w) for t, w in misspellings.held_out if t not in lexicon and t.isalpha()]
-        left_out = len(misspellings.held_out) - len(words)
+        catalog, misspellings, words, left_out = _held_out(data)
         clean = list(catalog.held_out)
         if size is not None:
             rng = random.Random(seed)
@@ -105,3 +106,13 @@ class SpellSets:
         return list(dict.fromkeys([*(t for t, _ in self.words), *self.clean,
                                    *(t.typed for t in self.hard),
                                    *(t.typed for t in self.realistic)]))
+
+
+def _held_out(data: Path) -> tuple[Catalog, Misspellings, list[tuple[str, str]], int]:
+    """The catalog, the misspellings, the held-out (typed, meant) words that are no dictionary
+    word (a real-word error cannot be told from a right word alone), and how many were left
+    out for that."""
+    catalog, misspellings = load_catalog(data), load_misspellings(data)
+    lexicon = set(misspellings.lexicon) | set(load_words(data))
+    words = [(t, w) for t, w in misspellings.held_out if t not in lexicon and t.isalpha()]
+    return catalog, misspellings, words, len(misspellings.held_out) - len(words)
