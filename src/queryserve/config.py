@@ -114,8 +114,9 @@ class ModelConfig:
     pipeline: str
     """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
     pair texts -> probabilities), both in pipelines/text_embedding.py; or `pair_scoring` (text
-    pairs -> the probability that they are one product: a bi-encoder and `head.npz`), in
-    pipelines/pairs/scoring.py; or `text2text` (texts ->
+    pairs -> the probability that they are one product: a bi-encoder and `head.npz`, in
+    pipelines/pairs/scoring.py, or with `encoder: cross` a cross-encoder, in
+    pipelines/pairs/cross.py); or `text2text` (texts ->
     generated texts, with the ctranslate2 backend), in pipelines/text2text.py; or `spelling`
     (queries -> corrected queries, with the noisy_channel backend), in pipelines/spelling.py."""
     max_batch_size: int

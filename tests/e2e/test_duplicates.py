@@ -1,8 +1,10 @@
-"""Product duplicates end to end, as a user runs them: `queryserve train duplicates` for a few
-steps on a tiny copy of the DeepMatcher splits, `queryserve prepare`'s compilation of it, a real
-server answering `/v1/duplicates` and KServe v2 `duplicates`, and `queryserve batch duplicates`
-on real product tables: run whole, stopped and resumed, killed and resumed, and on a local Ray
-inside a loopback-only network namespace.
+"""Product duplicates end to end, as a user runs them: `queryserve train duplicates` (the
+bi-encoder, and the cross-encoder with `--method cross-encoder`) for a few steps on a tiny copy
+of the DeepMatcher splits, `queryserve prepare`'s compilation of the cross-encoder, a real
+server answering `/v1/duplicates` and KServe v2 `duplicates-cross`, the default repository's
+bi-encoder (`duplicates`), and `queryserve batch duplicates` on real product tables, scored by
+the cross-encoder: run whole, stopped and resumed, killed and resumed, and on a local Ray inside
+a loopback-only network namespace; and by the bi-encoder alone.
 
 A few steps of training do not make a good detector, so the tiny runs check the plumbing and
 its contracts; the committed model's F1 is in BENCHMARKS.md and its TRAINING.json.
@@ -52,6 +54,17 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
+    """The cross-encoder."""
+    out = tmp_path_factory.mktemp("train") / "duplicates-cross"
+    assert cli.main(["train", "duplicates", str(out), "--method", "cross-encoder", "--data",
+                     str(data), "--max-steps", "3", "--epochs", "1", "--batch-size", "8",
+                     "--device", "cpu", "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_bi(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
+    """The bi-encoder, the default method."""
     out = tmp_path_factory.mktemp("train") / "duplicates"
     assert cli.main(["train", "duplicates", str(out), "--data", str(data), "--max-steps", "3",
                      "--epochs", "1", "--batch-size", "8", "--no-progress"]) == 0
@@ -60,10 +73,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Path:
-    from queryserve.prepare import prepare_duplicates
+    from queryserve.prepare import prepare_duplicates_cross
 
     repository = tmp_path_factory.mktemp("repo")
-    prepare_duplicates(repository, source_dir=trained, progress=False)
+    prepare_duplicates_cross(repository, source_dir=trained, progress=False)
     return repository
 
 
@@ -74,7 +87,22 @@ def served(tmp_path_factory: pytest.TempPathFactory, repository: Path) -> Iterat
     stop_server(server)
 
 
-def test_training_writes_an_encoder_a_head_and_its_figures(trained: Path) -> None:
+def test_cross_encoder_training_writes_a_classifier_and_its_figures(trained: Path) -> None:
+    from queryserve.optimize.source import inspect_source
+
+    record = json.loads((trained / "TRAINING.json").read_text())
+    assert record["steps"] == 3 and record["method"] == "cross-encoder"
+    assert record["device"] == "cpu" and record["recipe"]["max_length"] == 128
+    assert set(record["test_f1"]) == {"abt-buy", "amazon-google", "walmart-amazon"}
+    assert all(0 <= f <= 100 for f in record["test_f1"].values())
+    assert 0 < record["threshold"] < 1 and record["best_epoch"] == 1
+    # What `queryserve optimize --task pair` reads: a two-label classifier, 128 tokens long.
+    source = inspect_source(trained, "pair")
+    assert source.labels == ("different", "duplicate") and source.max_length == 128
+
+
+def test_training_writes_an_encoder_a_head_and_its_figures(trained_bi: Path) -> None:
+    trained = trained_bi
     record = json.loads((trained / "TRAINING.json").read_text())
     assert record["steps"] == 3 and record["recipe"]["method"] == "finetune"
     assert set(record["test_f1"]) == {"abt-buy", "amazon-google", "walmart-amazon"}
@@ -91,6 +119,15 @@ def test_training_writes_an_encoder_a_head_and_its_figures(trained: Path) -> Non
 
 def test_head_method_and_bad_input(data: Path, trained: Path, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():  # asking for a GPU that is not there is an error
+        assert cli.main(["train", "duplicates", str(tmp_path / "gpu"), "--data", str(data),
+                         "--method", "cross-encoder", "--device", "cuda"]) == 1
+        assert "sees no CUDA GPU" in capsys.readouterr().err
+    assert cli.main(["train", "duplicates", str(tmp_path / "bi"), "--data", str(data),
+                     "--device", "cpu"]) == 1
+    assert "--device is for --method cross-encoder" in capsys.readouterr().err
     out = tmp_path / "head"
     assert cli.main(["train", "duplicates", str(out), "--method", "head", "--data", str(data),
                      "--epochs", "1", "--no-progress"]) == 0
@@ -102,26 +139,36 @@ def test_head_method_and_bad_input(data: Path, trained: Path, tmp_path: Path,
     assert "train.txt is missing" in capsys.readouterr().err
 
 
-def test_served_probabilities_are_the_models_own(served: RunningServer, repository: Path) -> None:
-    """The pipeline (one encoder run over both sides of every pair, the head after it) gives
-    what the folder's encoder and head give when run directly."""
-    from queryserve.pipelines.search.index import embed_texts
+def test_served_probabilities_are_the_models_own(served: RunningServer, repository: Path,
+                                                 trained: Path) -> None:
+    """The served cross-encoder gives what the trained PyTorch model gives (to int8's
+    rounding), and what the batch job's in-process scoring gives (exactly)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    folder = repository / "duplicates"
-    texts = [t for pair in PAIRS for t in pair]
-    vectors = embed_texts(folder, texts)
-    expected = PairHead.load(folder).probability(
-        vectors[0::2], vectors[1::2], features_array([(a, b) for a, b in PAIRS]))
-    answer = httpx.post(f"{served.url}/v1/duplicates", json={"pairs": PAIRS}, timeout=30)
+    from queryserve.pipelines.pairs.cross import InProcessCrossEncoder
+    from queryserve.pipelines.pairs.features import hinted
+
+    # The model was trained with hints: the first segment starts with what the model numbers
+    # and sizes say ("same model | sony ...").
+    shown = hinted([(a, b) for a, b in PAIRS])
+    assert shown[0][0].startswith("same model") and shown[1][0] == PAIRS[1][0]
+    original = AutoModelForSequenceClassification.from_pretrained(str(trained)).float().eval()
+    encoded = AutoTokenizer.from_pretrained(str(trained))(
+        [a for a, _ in shown], [b for _, b in shown], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        reference = torch.softmax(original(**encoded).logits, -1)[:, 1].tolist()
+    in_process = InProcessCrossEncoder.load(repository / "duplicates-cross", 1).probabilities(
+        [(a, b) for a, b in PAIRS])
+    answer = httpx.post(f"{served.url}/v1/duplicates", timeout=30,
+                        json={"model": "duplicates-cross", "pairs": PAIRS})
     assert answer.status_code == 200, answer.text
     body = answer.json()
     got = [r["probability"] for r in body["results"]]
-    assert got == pytest.approx(expected.tolist(), abs=1e-4)
+    assert got == pytest.approx(reference, abs=0.02)
+    assert got == pytest.approx(in_process.tolist(), abs=1e-5)
+    assert body["threshold"] == json.loads((trained / "TRAINING.json").read_text())["threshold"]
     assert [r["duplicate"] for r in body["results"]] == [p >= body["threshold"] for p in got]
-    # The pair's order does not matter (the head is symmetric).
-    swapped = httpx.post(f"{served.url}/v1/duplicates",
-                         json={"pairs": [[b, a] for a, b in PAIRS]}).json()
-    assert [r["probability"] for r in swapped["results"]] == pytest.approx(got, abs=1e-4)
     # KServe v2, as tritonclient sends it: two BYTES inputs.
     import tritonclient.http as triton
 
@@ -131,8 +178,38 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
         tensor = triton.InferInput(name, [len(PAIRS), 1], "BYTES")
         tensor.set_data_from_numpy(np.array(column, dtype=object).reshape(-1, 1))
         inputs.append(tensor)
-    result = client.infer("duplicates", inputs)
+    result = client.infer("duplicates-cross", inputs)
     assert result.as_numpy("probability")[:, 0].tolist() == pytest.approx(got, abs=1e-4)
+
+
+def test_the_bi_encoder_is_the_default(real_server: RunningServer) -> None:
+    """The default repository's `duplicates` (the bi-encoder, which the batch job blocks
+    with) answers with what its encoder and head give when run directly; the pair's order
+    does not matter to it (the head is symmetric)."""
+    from queryserve.pipelines.search.index import embed_texts
+
+    folder = REPOSITORY / "duplicates"
+    texts = [t for pair in PAIRS for t in pair]
+    vectors = embed_texts(folder, texts)
+    expected = PairHead.load(folder).probability(
+        vectors[0::2], vectors[1::2], features_array([(a, b) for a, b in PAIRS]))
+    body = {"pairs": PAIRS}
+    answer = httpx.post(f"{real_server.url}/v1/duplicates", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    got = [r["probability"] for r in answer.json()["results"]]
+    assert got == pytest.approx(expected.tolist(), abs=1e-4)
+    swapped = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={
+        "pairs": [[b, a] for a, b in PAIRS]}).json()
+    assert [r["probability"] for r in swapped["results"]] == pytest.approx(got, abs=1e-4)
+
+
+def test_the_cross_encoder_tells_a_decisive_token(real_server: RunningServer) -> None:
+    """The committed model on the issue's example: one token apart is another product."""
+    pairs = [["apple ipod nano 8gb", "apple ipod touch 8gb"],
+             ["apple ipod nano 8gb silver", "apple 8gb ipod nano - silver"]]
+    results = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={
+        "model": "duplicates-cross", "pairs": pairs}).json()["results"]
+    assert [r["duplicate"] for r in results] == [False, True], results
 
 
 def test_bad_duplicates_requests_are_refused_in_words(served: RunningServer) -> None:
@@ -142,7 +219,8 @@ def test_bad_duplicates_requests_are_refused_in_words(served: RunningServer) -> 
                         ({"pairs": [["a", ""]]}, "pairs[0][1] is empty"),
                         ({"pairs": [["a", "b"]], "threshold": 2}, "'threshold' must be"),
                         ({"pairs": [["a", "b"]], "model": "nope"}, "unknown model 'nope'")]:
-        bad = httpx.post(f"{served.url}/v1/duplicates", json=body)
+        bad = httpx.post(f"{served.url}/v1/duplicates",
+                         json={"model": "duplicates-cross", **body})
         assert bad.status_code in (400, 404) and words in bad.json()["error"], bad.text
     assert "Traceback" not in served.log_text()
 
@@ -174,8 +252,10 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _batch(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "queryserve", "batch", "duplicates", *map(str, args),
-            "--no-progress", "--min-probability", "0.05"]
+    """The job scored by the cross-encoder (a later --model wins)."""
+    return [sys.executable, "-m", "queryserve", "batch", "duplicates", "--model",
+            str(REPOSITORY / "duplicates-cross"), *map(str, args), "--no-progress",
+            "--min-probability", "0.05"]
 
 
 def _rows(path: Path) -> list[tuple[object, ...]]:
@@ -185,15 +265,18 @@ def _rows(path: Path) -> list[tuple[object, ...]]:
 
 @pytest.fixture(scope="module")
 def whole_run(tables: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (REPOSITORY / "duplicates" / "head.npz").is_file():
+    if not (REPOSITORY / "duplicates-cross" / "model.onnx").is_file():
         pytest.fail("the default models are not prepared: run `make prepare` (make test does)")
     out = tmp_path_factory.mktemp("whole") / "pairs.parquet"
-    result = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+    result = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout[result.stdout.index("{"):])
     assert summary["complete"] and summary["products"] == [200, 600]
-    assert summary["candidate_pairs"] < 200 * 600 / 10  # blocking: never all the pairs
+    assert summary["neighbour_pairs"] < 200 * 600 / 10  # blocking: never all the pairs
+    # The cross-encoder scores only the pairs the bi-encoder finds likely (--prefilter).
+    assert summary["candidate_pairs"] < summary["neighbour_pairs"]
+    assert summary["parts"] >= 4  # a run stopped after two parts leaves work to resume
     assert not out.with_name("pairs.parquet.parts").exists()  # the work folder is cleaned up
     return out
 
@@ -216,10 +299,27 @@ def test_batch_finds_the_true_matches(whole_run: Path, tables: tuple[Path, Path]
     assert len(found & truth) >= PRECISION * len(found), "too many false matches"
 
 
+def test_the_bi_encoder_alone_scores_every_neighbour_pair(
+        whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
+    """With the default model (the bi-encoder), the job blocks with it and its head scores
+    every neighbour pair: faster, no prefilter; the cross-encoder's run scored fewer pairs."""
+    out = tmp_path / "pairs.parquet"
+    result = subprocess.run(_batch(*tables, out, "--model", REPOSITORY / "duplicates"),
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["candidate_pairs"] == summary["neighbour_pairs"]
+    assert len(_rows(out)) > 0
+    cross = subprocess.run(_batch(tables[0], tmp_path / "o.parquet", "--blocking",
+                                  REPOSITORY / "duplicates-cross"), capture_output=True,
+                           text=True, cwd=ROOT)
+    assert cross.returncode == 1 and "not a prepared blocking model" in cross.stderr
+
+
 def test_one_to_one_keeps_each_products_likeliest_match(
         whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "pairs.parquet"
-    result = subprocess.run(_batch(*tables, out, "--part-size", "400", "--one-to-one"),
+    result = subprocess.run(_batch(*tables, out, "--part-size", "50", "--one-to-one"),
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     rows, every = _rows(out), _rows(whole_run)
@@ -238,15 +338,15 @@ def test_one_to_one_keeps_each_products_likeliest_match(
 def test_a_stopped_job_resumes_to_the_same_rows(whole_run: Path, tables: tuple[Path, Path],
                                                 tmp_path: Path) -> None:
     out = tmp_path / "pairs.parquet"
-    first = subprocess.run(_batch(*tables, out, "--part-size", "400", "--max-parts", "2"),
+    first = subprocess.run(_batch(*tables, out, "--part-size", "50", "--max-parts", "2"),
                            capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert first.returncode == 0 and "run the same command again" in first.stdout
     assert not out.exists() and len(list(out.with_name("pairs.parquet.parts").glob(
         "part-*.parquet"))) == 2
-    other = subprocess.run(_batch(*tables, out, "--part-size", "999"), capture_output=True,
+    other = subprocess.run(_batch(*tables, out, "--part-size", "49"), capture_output=True,
                            text=True, timeout=600, cwd=ROOT)
     assert other.returncode == 1 and "different job" in other.stderr  # never mixes two jobs
-    second = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+    second = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout[second.stdout.index("{"):])["resumed"]
@@ -259,7 +359,7 @@ def test_a_killed_job_resumes_without_lost_or_duplicated_rows(
         whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "pairs.parquet"
     parts = out.with_name("pairs.parquet.parts")
-    job = subprocess.Popen(_batch(*tables, out, "--part-size", "400"), cwd=ROOT,
+    job = subprocess.Popen(_batch(*tables, out, "--part-size", "50"), cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
     try:
@@ -271,7 +371,7 @@ def test_a_killed_job_resumes_without_lost_or_duplicated_rows(
     finally:
         job.wait(30)
     assert not out.exists(), "killed after the first part, before the end"
-    result = subprocess.run(_batch(*tables, out, "--part-size", "400"), capture_output=True,
+    result = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert _rows(out) == _rows(whole_run)
@@ -280,7 +380,7 @@ def test_a_killed_job_resumes_without_lost_or_duplicated_rows(
 def test_csv_output_and_bad_tables(whole_run: Path, tables: tuple[Path, Path],
                                    tmp_path: Path) -> None:
     out = tmp_path / "pairs.csv"
-    result = subprocess.run(_batch(*tables, out, "--part-size", "400", "--threshold", "0.9"),
+    result = subprocess.run(_batch(*tables, out, "--part-size", "50", "--threshold", "0.9"),
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     lines = out.read_text().splitlines()
@@ -323,7 +423,7 @@ def test_ray_engine_in_a_loopback_only_namespace(whole_run: Path, tables: tuple[
         out = tmp_path / "pairs.parquet"
         result = subprocess.run(
             ["ip", "netns", "exec", namespace,
-             *_batch(*tables, out, "--part-size", "400", "--engine", "ray")],
+             *_batch(*tables, out, "--part-size", "50", "--engine", "ray")],
             capture_output=True, text=True, timeout=600, cwd=ROOT,
             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
         assert result.returncode == 0, result.stderr[-3000:]

@@ -17,7 +17,13 @@ from queryserve.duplicates.products import (
     product_text,
 )
 from queryserve.duplicates.tables import read_products, write_pairs
-from queryserve.pipelines.pairs.features import FEATURES, model_codes, pair_features
+from queryserve.pipelines.pairs.features import (
+    FEATURES,
+    hinted,
+    model_codes,
+    pair_features,
+    pair_hint,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,6 +69,20 @@ def test_specifications_are_not_model_numbers_and_siblings_are_told_apart() -> N
     unknown = pair_features("v7 sd card", "v7 sdhc card")
     assert unknown[FEATURES.index("quantity_conflict")] == 0.5
     assert unknown[FEATURES.index("code_sibling")] == 0.5
+
+
+def test_hints_say_in_words_what_model_numbers_and_sizes_say() -> None:
+    """The cross-encoder's hints: the same rules as the features, in a few words."""
+    assert pair_hint("sony dsc-w120/p camera", "Sony DSCW120P pink") == "same model"
+    assert pair_hint("pioneer ts-a1684r speakers", "pioneer TS-A1683R") == "sibling model"
+    assert pair_hint("sony dsc-w120 camera", "canon sd1100 camera") == "different model"
+    assert pair_hint("v7 4gb sd card class 6", "v7 16 GB sd card") == "different size"
+    assert pair_hint("apple ipod nano 8gb", "apple ipod touch 8 gb") == "same size"
+    assert pair_hint("v7 sd card", "v7 sdhc card") == ""  # nothing to tell
+    assert pair_hint("a dsc-w120 4gb", "b dscw120 4gb") == pair_hint("b dscw120 4gb",
+                                                                    "a dsc-w120 4gb")
+    assert hinted([("sony dsc-w120", "sony dscw120"), ("v7 sd", "v7 sdhc")]) == [
+        ("same model | sony dsc-w120", "sony dscw120"), ("v7 sd", "v7 sdhc")]
 
 
 def test_tables_in_any_format(tmp_path: Path) -> None:

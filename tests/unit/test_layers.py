@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelines",),
     ("repository",),
     ("server",),
-    ("cli", "__main__", "prepare", "optimize", "bench", "spell", "intent", "duplicates"),
+    ("cli", "__main__", "prepare", "optimize", "bench", "spell", "intent", "duplicates",
+     "training"),
 )
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from queryserve.errors import BenchError
 
-PROTOCOLS = ("kserve", "kserve-binary", "grpc", "openai", "spell", "intent", "search")
+PROTOCOLS = ("kserve", "kserve-binary", "grpc", "openai", "spell", "intent", "search",
+             "duplicates")
 DEFAULT_PATHS = {
     "kserve": "/v2/models/{model}/infer",
     "kserve-binary": "/v2/models/{model}/infer",
@@ -23,6 +24,7 @@ DEFAULT_PATHS = {
     "spell": "/v1/spell",
     "intent": "/v1/intent",
     "search": "/v1/search",  # one query per request; --model is ignored
+    "duplicates": "/v1/duplicates",  # a query is a pair: TEXT<TAB>TEXT
     "grpc": "/inference.GRPCInferenceService/ModelInfer",  # KServe v2 gRPC, a grpc:// URL
 }
 
@@ -87,6 +89,14 @@ def build_payloads(protocol: str, queries: Sequence[str], *, model: str,
         return Payloads(bodies, "application/json", None, items_per_request)
     if protocol in ("spell", "intent"):
         bodies = [json.dumps({"model": model, "queries": g}).encode() for g in groups]
+        return Payloads(bodies, "application/json", None, items_per_request)
+    if protocol == "duplicates":
+        if any("\t" not in q for q in queries):
+            bad = next(q for q in queries if "\t" not in q)
+            raise BenchError(f"the duplicates route takes pairs: each query must be "
+                             f"TEXT<TAB>TEXT, and {bad[:60]!r} has no tab")
+        bodies = [json.dumps({"model": model, "pairs": [q.split("\t", 1) for q in g]}).encode()
+                  for g in groups]
         return Payloads(bodies, "application/json", None, items_per_request)
     if protocol == "search":
         if items_per_request != 1:

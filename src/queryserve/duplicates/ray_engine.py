@@ -37,7 +37,9 @@ def check_reachable(address: str) -> None:
 
 def _score(row: dict[str, Any], job: Job) -> dict[str, Any]:
     number = int(row["part"])
-    return {"part": number, "pairs": score_part(job, number)}
+    # One ONNX Runtime thread per task: Ray runs a task per core, and threads x tasks must not
+    # exceed the cores.
+    return {"part": number, "pairs": score_part(job, number, threads=1)}
 
 
 def score_parts(job: Job, todo: list[int], address: str | None,

@@ -143,16 +143,12 @@ def _scores(model: _Model, pairs: Sequence[LabelledPair], vectors: dict[str, Any
         return torch.sigmoid(model.logits(u, v, features)).tolist()
 
 
-def _evaluate(model: _Model, by_dataset: dict[str, list[LabelledPair]],
-              threshold: float | None = None,
-              dataset_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
-    """F1 per dataset at one threshold: the given one, or the best on all of them together;
-    and at each dataset's own threshold: the given ones, or each dataset's best."""
-    model.encoder.eval()
-    texts = sorted({t for pairs in by_dataset.values() for p in pairs for t in (p.left, p.right)})
-    vectors = dict(zip(texts, model.embed_all(texts), strict=True))
-    scores = {d: _scores(model, pairs, vectors) for d, pairs in by_dataset.items()}
-    model.encoder.train()
+def evaluate(scores: dict[str, list[float]], by_dataset: dict[str, list[LabelledPair]],
+             threshold: float | None = None,
+             dataset_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
+    """F1 per dataset of the pairs' probabilities at one threshold: the given one, or the best
+    on all of them together; and at each dataset's own threshold: the given ones, or each
+    dataset's best. Both methods' report (the cross-encoder's too)."""
     pooled = [s for d in by_dataset for s in scores[d]]
     labels = [p.label for d in by_dataset for p in by_dataset[d]]
     if threshold is None:
@@ -167,6 +163,17 @@ def _evaluate(model: _Model, by_dataset: dict[str, list[LabelledPair]],
     return {"threshold": threshold, "f1": per(dict.fromkeys(by_dataset, threshold)),
             "f1_all": round(100 * f1([s >= threshold for s in pooled], labels), 1),
             "dataset_thresholds": own, "f1_at_dataset_thresholds": per(own)}
+
+
+def _evaluate(model: _Model, by_dataset: dict[str, list[LabelledPair]],
+              threshold: float | None = None,
+              dataset_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
+    model.encoder.eval()
+    texts = sorted({t for pairs in by_dataset.values() for p in pairs for t in (p.left, p.right)})
+    vectors = dict(zip(texts, model.embed_all(texts), strict=True))
+    scores = {d: _scores(model, pairs, vectors) for d, pairs in by_dataset.items()}
+    model.encoder.train()
+    return evaluate(scores, by_dataset, threshold, dataset_thresholds)
 
 
 def sentence_transformers_layout(encoder: Path, out: Path, max_length: int) -> None:

@@ -184,4 +184,12 @@ def _max_length(path: Path, config: dict[str, Any]) -> int:
     positions = int(config.get("max_position_embeddings", DEFAULT_MAX_LENGTH))
     if config.get("model_type") in ("roberta", "xlm-roberta", "mpnet"):
         positions -= 2  # position ids start after the padding index
-    return positions if positions > 0 else DEFAULT_MAX_LENGTH
+    positions = positions if positions > 0 else DEFAULT_MAX_LENGTH
+    # A model fine-tuned on shorter inputs says so in its tokenizer's config (Hugging Face
+    # writes a huge sentinel there when it does not know).
+    tokenizer = path / "tokenizer_config.json"
+    if tokenizer.is_file():
+        value = json.loads(tokenizer.read_text(encoding="utf-8")).get("model_max_length")
+        if isinstance(value, int) and 0 < value < positions:
+            return value
+    return positions

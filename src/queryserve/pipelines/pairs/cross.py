@@ -1,0 +1,123 @@
+"""`pair_scoring` with `encoder: cross`: both texts read together by one Transformer run,
+`[CLS] text [SEP] text_pair [SEP]`, and a two-class head (different, duplicate) whose softmax is
+in the graph (`queryserve optimize --task pair` compiles it like any classifier).
+
+A cross-encoder sees the one token that tells two listings apart ("ipod nano" against "ipod
+touch"), which a bi-encoder's separate embeddings blur; the price is a Transformer run per pair,
+so in the batch job it scores only the candidates that a bi-encoder blocked.
+A model trained with hints (`hints: true`) reads a few words before the pair that say what
+its model numbers and sizes say (`features.pair_hint`), computed here as they were in training.
+The answer is the same `PairScores` as the bi-encoder's: the probability of the `duplicate`
+label, and the decision at the model's threshold (`parameters.threshold`, chosen on the valid
+splits when it was trained) or the request's `threshold`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from queryserve.api import Inputs, PairScores
+from queryserve.backends import Backend, create_backend
+from queryserve.config import ModelConfig, load_model_config
+from queryserve.errors import ConfigError, InvalidInput
+from queryserve.pipelines.base import load_tokenizer
+from queryserve.pipelines.pairs.features import TextSignals, hinted, text_signals
+from queryserve.pipelines.pairs.scoring import pair_scores
+from queryserve.pipelines.text_embedding import EncoderRows, pad_token_ids
+from queryserve.scheduling.stats import ModelStats
+from queryserve.types import Array
+
+DUPLICATE = "duplicate"  # the label whose probability is the answer
+BATCH = 32  # pairs per run in `probabilities`: long inputs, so a modest batch pads little
+
+
+def duplicate_column(config: ModelConfig) -> int:
+    """Which of the classifier's outputs is the `duplicate` label's (`parameters.labels`)."""
+    labels = [n.strip() for n in config.parameter("labels", "").split(",")]
+    if DUPLICATE not in labels:
+        raise ConfigError(f"{config.path / 'model.yaml'}: a cross-encoder pair model needs a "
+                          f"'{DUPLICATE}' label in parameters.labels (has {', '.join(labels)})")
+    return labels.index(DUPLICATE)
+
+
+class CrossPairScoring(EncoderRows[PairScores]):
+    """Pairs in, P(duplicate) per pair out. The rows the backend gives are the classifier's
+    probabilities, from its output `probabilities_output` (the model's declared output is the
+    one-column probability that KServe clients read)."""
+
+    def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
+                 tokenizer: Tokenizer) -> None:
+        super().__init__(config, backends, stats, tokenizer)
+        self.probabilities = config.parameter("probabilities_output", "probabilities")
+        self.column = duplicate_column(config)
+        self.threshold = config.parameter("threshold", 0.5)
+        self.hints = config.parameter("hints", False)  # trained with features.pair_hint
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[Array]:
+        if pairs is None:
+            raise InvalidInput(f"model '{self.config.name}' scores pairs of texts: send both "
+                               "inputs, 'text' and 'text_pair'")
+        both = list(zip(texts, pairs, strict=True))
+        return self.tokenize_pairs(hinted(both) if self.hints else both)
+
+    def encode_ids(self, rows: Sequence[Sequence[int]]) -> list[Array]:
+        raise InvalidInput(f"model '{self.config.name}' scores pairs of texts; it takes text, "
+                           "not token ids")
+
+    def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
+        return list(outputs[self.probabilities][:, self.column])
+
+    def result(self, inputs: Inputs, rows: Sequence[Array], tokens: int) -> PairScores:
+        return pair_scores(inputs, [float(r) for r in rows], tokens, self.threshold)
+
+    def tensors(self, result: PairScores) -> dict[str, Array]:
+        return {self.output_name: result.probabilities.reshape(-1, 1)}
+
+    def warmup(self) -> None:
+        for sample in self.config.model_warmup:
+            texts = [sample.text] * sample.batch_size
+            self.scheduler.run_now(self.encode(texts, texts))
+
+
+@dataclass(frozen=True)
+class InProcessCrossEncoder:
+    """The served cross-encoder run in this process, by the same backend and tokenizer the
+    server runs: the batch job's scoring stage."""
+
+    backend: Backend
+    tokenizer: Tokenizer
+    column: int
+    output: str
+    hints: bool
+
+    @classmethod
+    def load(cls, folder: Path, threads: int) -> InProcessCrossEncoder:
+        config = load_model_config(folder / "model.yaml")
+        return cls(create_backend(config, threads), load_tokenizer(config),
+                   duplicate_column(config),
+                   config.parameter("probabilities_output", "probabilities"),
+                   config.parameter("hints", False))
+
+    def probabilities(self, pairs: Sequence[tuple[str, str]],
+                      read: Callable[[str], TextSignals] = text_signals,
+                      on_batch: Callable[[int], None] | None = None) -> Array:
+        """P(duplicate) of each pair, in length-sorted batches (little padding); `read` reads
+        a text's signals for the hints (a caching one where texts come back)."""
+        shown = hinted(list(pairs), read) if self.hints else list(pairs)
+        encodings = self.tokenizer.encode_batch(shown)
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        out = np.zeros(len(encodings), dtype=np.float32)
+        segments = "token_type_ids" in self.backend.input_names
+        for start in range(0, len(order), BATCH):
+            rows = order[start:start + BATCH]
+            feed = pad_token_ids([encodings[i].ids for i in rows],
+                                 [encodings[i].type_ids for i in rows] if segments else None)
+            out[rows] = self.backend.run(feed)[self.output][:, self.column]
+            if on_batch:
+                on_batch(len(rows))
+        return out
