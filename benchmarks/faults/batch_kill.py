@@ -25,10 +25,8 @@ FULL = (TABLES / "amazon-google" / "tables" / "amazon.csv",
         TABLES / "amazon-google" / "tables" / "gp.csv")
 QUICK = (TABLES / "abt-buy" / "tables" / "abt.csv", TABLES / "abt-buy" / "tables" / "buy.csv")
 # Every candidate pair kept (--min-probability 0), so that a lost or repeated part shows; many
-# small parts, so that kills land between and inside them. The cross-encoder scores a few
-# hundred pairs a second here, so the blocking keeps the likelier pairs (--prefilter 0.1) to
-# hold each run to tens of seconds.
-OPTIONS = ("--no-progress", "--min-probability", "0", "--part-size", "200", "--prefilter", "0.1")
+# small parts, so that kills land between and inside them.
+OPTIONS = ("--no-progress", "--min-probability", "0", "--part-size", "2000")
 JOB_TIMEOUT_S = 600.0
 MOST_RERUNS = 5
 
@@ -77,7 +75,7 @@ def pairs(path: Path) -> tuple[Counter[tuple[str, str]], dict[tuple[str, str], f
 
 def measure(mode: Mode) -> dict[str, Any]:
     tables, kills = mode.pick(FULL, QUICK), mode.pick(5, 2)
-    options = OPTIONS
+    options = (*OPTIONS, *mode.pick(("--block-k", "100"), ()))
     work = OUT / "batch-kill"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
