@@ -221,11 +221,12 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         t = time.perf_counter()
         if not job.candidates.is_file():
             task = display.add_task("blocking", total=None, status="")
-            neighbours = block(vectors, [p.texts for p in tables], options.block_k)
-            likely = (blocking_probabilities(job, neighbours) >= options.prefilter if cross
-                      else np.ones(len(neighbours), dtype=bool))
-            _save_json(work / "blocked.json", {"neighbour_pairs": len(neighbours)})
-            _save_array(job.candidates, neighbours[likely])  # last: it means "blocked"
+            candidates = block(vectors, [p.texts for p in tables], options.block_k)
+            _save_json(work / "blocked.json", {"neighbour_pairs": len(candidates)})
+            if cross:  # the cross-encoder scores only what the bi-encoder finds likely
+                candidates = candidates[blocking_probabilities(job, candidates)
+                                        >= options.prefilter]
+            _save_array(job.candidates, candidates)  # last: it means "blocked"
             display.update(task, total=1, completed=1)
         timings["block_s"] = time.perf_counter() - t
         count = int(np.load(job.candidates, mmap_mode="r").shape[0])
