@@ -178,20 +178,22 @@ def render(report: dict[str, Any]) -> list[str]:
         "right [SEP]`, 128 tokens, the hint saying in words what the model numbers and sizes "
         "say. F1 on each test split at the model's threshold, `queryserve train duplicates`:",
         "",
-        "| model | Abt-Buy | Amazon-Google | Walmart-Amazon | threshold | training on 2 cores "
-        "|", "|---|---:|---:|---:|---:|---:|",
+        "| model | Abt-Buy | Amazon-Google | Walmart-Amazon | threshold | training |",
+        "|---|---:|---:|---:|---:|---:|",
         f"| bi-encoder, the head alone on the frozen `embed` encoder (`--method head`, "
         f"measured in this run) | {f1s(head['test_f1'])} | {head['threshold']:.2f} | "
-        f"{head['minutes']:.1f} min |",
+        f"{head['minutes']:.1f} min on 2 cores |",
         f"| **bi-encoder**, encoder and head together (`--method finetune`), "
         f"{len(finetune['epochs'])} epochs, the valid splits chose epoch "
         f"{finetune['best_epoch']} (models/duplicates/TRAINING.json) | "
         f"{f1s(finetune['test_f1'])} | {finetune['threshold']:.2f} | "
-        f"{finetune['minutes']:.1f} min, {finetune['pairs_per_second']:.0f} pairs/s |",
+        f"{finetune['minutes']:.1f} min on 2 cores, {finetune['pairs_per_second']:.0f} "
+        "pairs/s |",
         f"| cross-encoder (`--method cross-encoder`), {len(cross['epochs'])} epochs, the valid "
         f"splits chose epoch {cross['best_epoch']} (`{cross['command']}`, "
         f"models/duplicates-cross/TRAINING.json) | {f1s(cross['test_f1'])} | "
-        f"{cross['threshold']:.2f} | {cross['minutes']:.1f} min, "
+        f"{cross['threshold']:.2f} | {cross['minutes']:.1f} min "
+        f"{'on a GPU' if cross.get('device') == 'cuda' else 'on 2 cores'}, "
         f"{cross['pairs_per_second']:.0f} pairs/s |",
     ]
     for model, trained, what in (("duplicates", finetune, "bi-encoder"),

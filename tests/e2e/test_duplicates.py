@@ -105,6 +105,7 @@ def test_training_writes_an_encoder_a_head_and_its_figures(trained_bi: Path) -> 
     trained = trained_bi
     record = json.loads((trained / "TRAINING.json").read_text())
     assert record["steps"] == 3 and record["recipe"]["method"] == "finetune"
+    assert record["device"] == "cpu"  # --device auto, and this host has no GPU
     assert set(record["test_f1"]) == {"abt-buy", "amazon-google", "walmart-amazon"}
     assert all(0 <= f <= 100 for f in record["test_f1"].values())
     head = PairHead.load(trained)
@@ -122,12 +123,13 @@ def test_head_method_and_bad_input(data: Path, trained: Path, tmp_path: Path,
     import torch
 
     if not torch.cuda.is_available():  # asking for a GPU that is not there is an error
-        assert cli.main(["train", "duplicates", str(tmp_path / "gpu"), "--data", str(data),
-                         "--method", "cross-encoder", "--device", "cuda"]) == 1
-        assert "sees no CUDA GPU" in capsys.readouterr().err
+        for method in ("cross-encoder", "finetune"):
+            assert cli.main(["train", "duplicates", str(tmp_path / "gpu"), "--data",
+                             str(data), "--method", method, "--device", "cuda"]) == 1
+            assert "sees no CUDA GPU" in capsys.readouterr().err
     assert cli.main(["train", "duplicates", str(tmp_path / "bi"), "--data", str(data),
-                     "--device", "cpu"]) == 1
-    assert "--device is for --method cross-encoder" in capsys.readouterr().err
+                     "--no-hints"]) == 1
+    assert "are for --method cross-encoder" in capsys.readouterr().err
     out = tmp_path / "head"
     assert cli.main(["train", "duplicates", str(out), "--method", "head", "--data", str(data),
                      "--epochs", "1", "--no-progress"]) == 0

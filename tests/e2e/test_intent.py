@@ -44,6 +44,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
 def test_finetuning_writes_a_classifier_with_its_figures(trained: Path) -> None:
     record = json.loads((trained / "TRAINING.json").read_text())
     assert record["steps"] == 4 and record["recipe"]["method"] == "finetune"
+    assert record["device"] == "cpu"  # --device auto, and this host has no GPU
     assert 0.0 <= record["test_accuracy"] <= 1.0 and record["best_epoch"] == 1
     config = json.loads((trained / "config.json").read_text())
     assert config["id2label"]["48"] == "alarm_set"  # MASSIVE's own label ids and names
@@ -66,6 +67,11 @@ def test_bad_input_is_refused_in_one_line(trained: Path, data: Path,
     assert cli.main(["train", "intent", str(trained.parent / "x"), "--data",
                      str(trained)]) == 1
     assert "train.jsonl is missing" in capsys.readouterr().err
+    # No GPU here (a CPU build of torch): --device cuda is refused before any work.
+    assert cli.main(["train", "intent", str(trained.parent / "gpu"), "--data", str(data),
+                     "--device", "cuda"]) == 1
+    assert "PyTorch sees no CUDA GPU" in capsys.readouterr().err
+    assert not (trained.parent / "gpu").exists()
 
 
 def test_served_intent_answers_top_k_labels(trained: Path, data: Path, tmp_path: Path) -> None:

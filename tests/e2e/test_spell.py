@@ -83,6 +83,35 @@ def test_training_writes_a_model_and_resumes(trained: Path, data: Path,
     assert json.loads((trained / "TRAINING.json").read_text())["steps"] == 6
 
 
+def test_examples_written_by_workers_train_the_same_recipe(
+        tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The stream a GPU run reads from DataLoader workers: pool i is the same wherever it is made.
+    from queryserve.backends.noisy_channel.noise import NoiseModel
+    from queryserve.spell.data import clean_texts, load_catalog, load_misspellings
+    from queryserve.spell.train import Pools, Recipe, build_tokenizer
+
+    catalog, misspellings = load_catalog(data), load_misspellings(data)
+    tokenizer = build_tokenizer(clean_texts(catalog, misspellings), 3, "bart")
+    pools = Pools(catalog.train, misspellings.lexicon, NoiseModel.learn(misspellings.train),
+                  Recipe(batch_size=8), tokenizer)
+    first, again, second = pools[0], pools[0], pools[1]
+    assert len(first) == 8 and all(len(b["input_ids"]) == 8 for b in first)
+    assert all((a["labels"] == b["labels"]).all() for a, b in zip(first, again, strict=True))
+    assert any(a["labels"].shape != b["labels"].shape or (a["labels"] != b["labels"]).any()
+               for a, b in zip(first, second, strict=True))
+
+    out = tmp_path / "workers"
+    assert cli.main(["train", "spell", str(out), "--data", str(data), "--max-steps", "3",
+                     "--workers", "2", "--device", "cpu", *TINY]) == 0
+    record = json.loads((out / "TRAINING.json").read_text())
+    assert (record["steps"], record["workers"], record["device"]) == (3, 2, "cpu")
+
+    # No GPU here (a CPU build of torch): --device cuda is refused, not an hour on the CPU.
+    assert cli.main(["train", "spell", str(tmp_path / "gpu"), "--data", str(data),
+                     "--device", "cuda", *TINY]) == 1
+    assert "PyTorch sees no CUDA GPU" in capsys.readouterr().err
+
+
 def test_resume_without_a_checkpoint_is_refused(tmp_path: Path, data: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["train", "spell", str(tmp_path / "none"), "--data", str(data),

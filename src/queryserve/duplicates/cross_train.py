@@ -49,6 +49,7 @@ class CrossEncoderRecipe:
     max_length: int = 128  # both products together
     seed: int = 0
     max_steps: int | None = None  # a step budget too (tests: a few steps)
+    minutes: float | None = None  # and a time budget: no epoch starts that would overrun it
     limit: int | None = None  # pairs per split and dataset (tests: a tiny subset)
     device: str = "auto"
     hints: bool = True  # "same model", "different size"... before the pair (features.pair_hint)
@@ -186,6 +187,12 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                          for k, v in model.model.state_dict().items()}
                 best = (valid["f1_all"], epoch, state, valid)
             if step == total:
+                break
+            per_epoch = (time.monotonic() - started) / epoch
+            if recipe.minutes is not None and \
+                    time.monotonic() - started + per_epoch > recipe.minutes * 60:
+                milestone(display, task, f"stopping after epoch {epoch}: another would pass "
+                                         f"the {recipe.minutes:g}-minute budget")
                 break
     if best[2] is not None:
         model.model.load_state_dict(best[2])

