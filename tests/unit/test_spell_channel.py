@@ -160,3 +160,26 @@ def test_tables_saved_before_the_space_parameter_load_with_its_default(
     assert loaded.parameters.p_space == ChannelParameters().p_space
     assert loaded.correct(["taylorswift"]) == channel.correct(["taylorswift"])
     assert path.name == FILE
+
+
+def test_k_best_lists_distinct_queries_best_first_with_their_posteriors(
+        channel: NoisyChannel) -> None:
+    """What a re-ranker chooses among: the lattice's k likeliest whole queries."""
+    for query in ["plae sleepyhead by pasion pit", "taylorswift", "tay lor swift", "set an alrm"]:
+        words = query.split()
+        hypotheses = channel.k_best(words, 5)
+        texts = [text for text, _ in hypotheses]
+        posteriors = [p for _, p in hypotheses]
+        assert 1 < len(hypotheses) <= 5 and len(set(texts)) == len(texts), hypotheses
+        assert posteriors == sorted(posteriors, reverse=True) and 0 < sum(posteriors) <= 1.0001
+        # Its first is the one-best the corrector serves, with the same probability.
+        assert hypotheses[0] == channel.correct_words(words)
+        # A longer list starts with the shorter one (the k best paths are kept exactly).
+        assert channel.k_best(words, 3) == hypotheses[:3]
+    # The query as typed is among the hypotheses (a re-ranker can keep it), and so are the
+    # partly corrected ones.
+    texts = [text for text, _ in channel.k_best(["plae", "sleepyhead", "by", "pasion", "pit"], 5)]
+    assert texts[:3] == ["play sleepyhead by passion pit", "plae sleepyhead by passion pit",
+                         "play sleepyhead by pasion pit"]
+    assert [t for t, _ in channel.k_best(["taylorswift"], 5)] == ["taylor swift", "taylorswift"]
+    assert channel.k_best([], 3) == [("", 1.0)]

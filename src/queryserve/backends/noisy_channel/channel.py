@@ -339,45 +339,62 @@ class NoisyChannel:
     # -- decoding ----------------------------------------------------------------------------
 
     def correct_words(self, words: Sequence[str]) -> tuple[str, float]:
-        """The best query for these typed words, and its posterior probability.
+        """The best query for these typed words, and its posterior probability."""
+        return self.k_best(words, 1)[0]
+
+    def k_best(self, words: Sequence[str], k: int) -> list[tuple[str, float]]:
+        """The `k` likeliest queries for these typed words (fewer if the lattice holds fewer),
+        best first, each with its posterior probability: what a re-ranker chooses among.
 
         The lattice has a column per typed word, its states the last word meant (what the
         bigram model conditions on). A state is reached from the column before by a candidate
         for the typed word, or by two words the typed word splits into, and from the column
-        two back by a word that joins the typed word and the one before it."""
+        two back by a word that joins the typed word and the one before it. Each state keeps
+        its `k` best paths (Viterbi when k is 1) and the log of all paths' probability."""
         if not words:
-            return "", 1.0
-        columns: list[_Column] = [_Column({START: (0.0, ())}, {START: 0.0})]
+            return [("", 1.0)]
+        columns: list[_Column] = [_Column({START: [(0.0, ())]}, {START: 0.0})]
         for i, typed in enumerate(words):
             before = columns[-1]
             column = _Column({}, {})
             candidates = self.candidates(typed)
             for word, channel in (*candidates, *self._from_context(
                     typed, before.best, {word for word, _ in candidates})):
-                self._extend(before, (word,), channel, column)
+                self._extend(before, (word,), channel, column, k)
             for pair, channel in self.splits(typed):
-                self._extend(before, pair, channel, column)
+                self._extend(before, pair, channel, column, k)
             if i and (joined := self._join(words[i - 1], typed)) is not None:
-                self._extend(columns[-2], (joined[0],), joined[1], column)
+                self._extend(columns[-2], (joined[0],), joined[1], column, k)
             columns.append(column)
         best, forward = columns[-1].best, columns[-1].forward
         final = {previous: self.language(previous, END) for previous in best}
-        last = max(best, key=lambda p: best[p][0] + final[p])
         total = _logsumexp([forward[p] + s for p, s in final.items()])
-        return " ".join(best[last][1]), math.exp(best[last][0] + final[last] - total)
+        ended = _top([(score + final[p], meant) for p, paths in best.items()
+                      for score, meant in paths], k)
+        return [(" ".join(meant), math.exp(score - total)) for score, meant in ended]
 
     def _extend(self, before: _Column, meant: tuple[str, ...], channel: float,
-                column: _Column) -> None:
+                column: _Column, k: int) -> None:
         """Adds to `column` the paths from `before` through the words `meant`, typed as what
-        `channel` scores: the best one to the Viterbi state, all of them to the forward sum."""
+        `channel` scores: the `k` best to the state's kept paths, all of them to the forward
+        sum."""
         inner = sum(self.language(a, b) for a, b in itertools.pairwise(meant)) + channel
         scores = {previous: self.language(previous, meant[0]) + inner
                   for previous in before.best}
-        previous = max(before.best, key=lambda p: before.best[p][0] + scores[p])
-        score = before.best[previous][0] + scores[previous]
         last = meant[-1]
-        if last not in column.best or score > column.best[last][0]:
-            column.best[last] = (score, (*before.best[previous][1], *meant))
+        if k == 1:  # the served path: one best path, no merging (a loop: the hot spot)
+            score = -math.inf
+            words: tuple[str, ...] = ()
+            for previous, ((kept, kept_words),) in before.best.items():
+                if kept + scores[previous] > score:
+                    score, words = kept + scores[previous], kept_words
+            held = column.best.get(last)
+            if held is None or score > held[0][0]:
+                column.best[last] = [(score, (*words, *meant))]
+        else:
+            reached_paths = [(score + scores[p], (*words, *meant))
+                             for p, paths in before.best.items() for score, words in paths]
+            column.best[last] = _top([*column.best.get(last, ()), *reached_paths], k)
         reached = [before.forward[p] + s for p, s in scores.items()]
         if last in column.forward:
             reached.append(column.forward[last])
@@ -387,12 +404,25 @@ class NoisyChannel:
         return [correction(q, *self.correct_words(normalized(q).split())) for q in queries]
 
 
+Hypothesis = tuple[float, tuple[str, ...]]  # a path's log-probability and its words
+
+
 @dataclass
 class _Column:
-    """The lattice after some typed words: for each last word meant, the best path's
-    log-probability and words (Viterbi), and the log of all paths' probability (forward)."""
-    best: dict[str, tuple[float, tuple[str, ...]]]
+    """The lattice after some typed words: for each last word meant, its best paths, best
+    first (one for Viterbi), and the log of all paths' probability (forward)."""
+    best: dict[str, list[Hypothesis]]
     forward: dict[str, float]
+
+
+def _top(paths: Iterable[Hypothesis], k: int) -> list[Hypothesis]:
+    """The `k` best of `paths` with distinct words (a split and a join can mean the same)."""
+    kept: dict[tuple[str, ...], float] = {}
+    for score, words in paths:
+        if score > kept.get(words, -math.inf):
+            kept[words] = score
+    return [(score, words) for words, score in
+            heapq.nlargest(k, kept.items(), key=lambda item: item[1])]
 
 
 def _same_word(typed: str, word: str) -> bool:
