@@ -1,8 +1,9 @@
-"""What the `queryserve train` commands share: the device they train on (`--device`).
+"""What the `queryserve train` commands share: the device they train on (`--device`), and the
+steps of the fine-tuning loop every MiniLM trainer runs (intent, both duplicates methods).
 
 `auto` takes a CUDA GPU when PyTorch sees one and the CPU otherwise, so the same command trains
 on a laptop and on a GPU machine; `cuda` where none is present is an error, not a silent CPU
-run of an hour. PyTorch is imported only when a device is asked for.
+run of an hour. PyTorch is imported only when a function here is called.
 """
 
 from __future__ import annotations
@@ -36,3 +37,30 @@ def resolve_device(name: str) -> Any:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cuda.enable_cudnn_sdp(False)
     return torch.device(name)
+
+
+def warmup_then_linear(optimizer: Any, total: int, warmup_share: float) -> Any:
+    """A learning-rate schedule over `total` steps: a linear warm-up over the first
+    `warmup_share` of them, then a linear decay to zero."""
+    import torch
+
+    warmup = max(1, int(total * warmup_share))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
+        (s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+
+
+def update(loss: Any, parameters: Any, optimizer: Any, schedule: Any) -> None:
+    """One step: gradients of `loss`, clipped to norm 1, applied; the schedule moved on."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+
+
+def cpu_copy(module: Any) -> dict[str, Any]:
+    """`module`'s weights copied to the CPU: the best epoch's, kept aside while training goes on
+    (on a GPU, without holding a second copy in its memory)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}

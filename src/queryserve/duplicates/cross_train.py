@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from queryserve.duplicates.products import DATA, DATASETS, DuplicatesError, LabelledPair
-from queryserve.duplicates.train import evaluate, load_splits
+from queryserve.duplicates.train import evaluate, load_splits, valid_line
 from queryserve.pipelines.pairs.features import hinted
 from queryserve.progress import milestone, progress_bar
-from queryserve.training import resolve_device
+from queryserve.training import cpu_copy, resolve_device, update, warmup_then_linear
 
 LABELS = ("different", "duplicate")
 
@@ -141,9 +141,7 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
     optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate,
                                   weight_decay=recipe.weight_decay,
                                   fused=device.type == "cuda")
-    warmup = max(1, int(total * recipe.warmup_share))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    schedule = warmup_then_linear(optimizer, total, recipe.warmup_share)
     loss_function = torch.nn.CrossEntropyLoss()
     started = time.monotonic()
     best: tuple[float, int, dict[str, Any] | None, dict[str, Any]] = (-1.0, 0, None, {})
@@ -164,11 +162,7 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                 with torch.autocast(device.type, dtype=torch.bfloat16,
                                     enabled=device.type == "cuda"):
                     loss = loss_function(model.logits(left, right).float(), labels)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
+                update(loss, parameters, optimizer, schedule)
                 step += 1
                 pairs_seen += len(batch)
                 display.update(task, completed=step,
@@ -179,13 +173,9 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
             history.append({"epoch": epoch, "valid": valid,
                             "minutes": round((time.monotonic() - started) / 60, 2)})
             milestone(display, task,
-                      f"epoch {epoch}  valid F1 {valid['f1_all']:.1f} "
-                      f"({' / '.join(str(valid['f1'][d]) for d in DATASETS)}) at "
-                      f"{valid['threshold']:.2f}  {pairs_seen / max(seconds, 1e-9):.1f} pairs/s")
+                      valid_line(epoch, valid, pairs_seen / max(seconds, 1e-9)))
             if valid["f1_all"] > best[0]:
-                state = {k: v.detach().to("cpu", copy=True)
-                         for k, v in model.model.state_dict().items()}
-                best = (valid["f1_all"], epoch, state, valid)
+                best = (valid["f1_all"], epoch, cpu_copy(model.model), valid)
             if step == total:
                 break
             per_epoch = (time.monotonic() - started) / epoch

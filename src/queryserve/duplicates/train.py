@@ -38,7 +38,7 @@ from queryserve.duplicates.products import (
 from queryserve.pipelines.pairs.features import FEATURES, features_array
 from queryserve.pipelines.pairs.head import PairHead
 from queryserve.progress import milestone, progress_bar
-from queryserve.training import resolve_device
+from queryserve.training import cpu_copy, resolve_device, update, warmup_then_linear
 
 METHODS = ("finetune", "head")
 
@@ -175,6 +175,14 @@ def evaluate(scores: dict[str, list[float]], by_dataset: dict[str, list[Labelled
             "dataset_thresholds": own, "f1_at_dataset_thresholds": per(own)}
 
 
+def valid_line(epoch: int, valid: dict[str, Any], pairs_per_second: float) -> str:
+    """What both methods show after an epoch: valid F1 pooled and per dataset, at its best
+    threshold, and the training speed."""
+    return (f"epoch {epoch}  valid F1 {valid['f1_all']:.1f} "
+            f"({' / '.join(str(valid['f1'][d]) for d in DATASETS)}) at "
+            f"{valid['threshold']:.2f}  {pairs_per_second:.1f} pairs/s")
+
+
 def _evaluate(model: _Model, by_dataset: dict[str, list[LabelledPair]],
               threshold: float | None = None,
               dataset_thresholds: dict[str, float] | None = None) -> dict[str, Any]:
@@ -240,9 +248,7 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
     trained = head_parameters + encoder_parameters
     optimizer = torch.optim.AdamW(groups, weight_decay=recipe.weight_decay,
                                   fused=device.type == "cuda")
-    warmup = max(1, int(total * recipe.warmup_share))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    schedule = warmup_then_linear(optimizer, total, recipe.warmup_share)
     loss_function = torch.nn.BCEWithLogitsLoss()
     best: tuple[float, int, dict[str, Any] | None, dict[str, Any]] = (-1.0, 0, None, {})
     history = []
@@ -269,11 +275,7 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
                 loss = loss_function(torch.cat([model.logits(u, v, features),
                                                 model.logits(v, u, features)]),
                                      torch.cat([labels, labels]))
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(trained, 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
+                update(loss, trained, optimizer, schedule)
                 step += 1
                 pairs_seen += len(batch)
                 display.update(task, completed=step,
@@ -284,14 +286,9 @@ def train_duplicates(out: Path, recipe: DuplicatesRecipe = DuplicatesRecipe(),
             valid = _evaluate(model, splits["valid"])
             history.append({"epoch": epoch, "valid": valid})
             milestone(display, task,
-                      f"epoch {epoch}  valid F1 {valid['f1_all']:.1f} "
-                      f"({' / '.join(str(valid['f1'][d]) for d in DATASETS)}) at "
-                      f"{valid['threshold']:.2f}  {pairs_seen / max(seconds, 1e-9):.0f} pairs/s")
+                      valid_line(epoch, valid, pairs_seen / max(seconds, 1e-9)))
             if valid["f1_all"] > best[0]:
-                state = {"encoder": {k: v.detach().to("cpu", copy=True)
-                                     for k, v in model.encoder.state_dict().items()},
-                         "head": {k: v.detach().to("cpu", copy=True)
-                                  for k, v in model.head.state_dict().items()}}
+                state = {"encoder": cpu_copy(model.encoder), "head": cpu_copy(model.head)}
                 best = (valid["f1_all"], epoch, state, valid)
             if step == total:
                 break

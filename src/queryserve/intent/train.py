@@ -28,7 +28,7 @@ from typing import Any
 
 from queryserve.errors import QueryServeError
 from queryserve.progress import milestone, progress_bar
-from queryserve.training import resolve_device
+from queryserve.training import cpu_copy, resolve_device, update, warmup_then_linear
 
 DATA = Path("data/massive-en")
 METHODS = ("finetune", "head")
@@ -170,9 +170,7 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate,
                                   weight_decay=recipe.weight_decay,
                                   fused=device.type == "cuda")
-    warmup = max(1, int(total * recipe.warmup_share))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup))))
+    schedule = warmup_then_linear(optimizer, total, recipe.warmup_share)
     best: tuple[float, int, dict[str, Any] | None] = (-1.0, 0, None)
     history = []
     step, examples, seconds = 0, 0, 0.0
@@ -187,11 +185,7 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
                 with torch.autocast(device.type, dtype=torch.bfloat16,
                                     enabled=device.type == "cuda"):
                     loss = model(**encoded.to(device), labels=labels.to(device)).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
+                update(loss, model.parameters(), optimizer, schedule)
                 step += 1
                 examples += len(labels)
                 display.update(task, completed=step,
@@ -202,8 +196,7 @@ def _finetune(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path,
             milestone(display, task, f"epoch {epoch}  validation {validation:.1%}  "
                       f"{examples / max(seconds, 1e-9):.0f} examples/s")
             if validation > best[0]:
-                best = (validation, epoch, {k: v.detach().to("cpu", copy=True)
-                                            for k, v in model.state_dict().items()})
+                best = (validation, epoch, cpu_copy(model))
             if step == total:
                 break
     if best[2] is not None:

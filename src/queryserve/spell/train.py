@@ -336,15 +336,15 @@ def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
                     print(f"{state['seconds'] / 60:.1f} min  "
                           + display.tasks[0].fields["status"], flush=True)
                     last_line = time.monotonic()
-            else:
+            else:  # the whole pool was trained on
                 # A resumed run starts at the next whole pool; an interrupted one repeats at
                 # most a pool's batches.
                 state["pools"] += 1
                 if time.monotonic() - last_save >= recipe.checkpoint_minutes * 60:
                     save_checkpoint()
                     last_save = last_line = time.monotonic()
-                continue
-            break
+            if done():
+                break
     model.to("cpu")
     save_checkpoint()
     model.eval().save_pretrained(str(out))
