@@ -29,7 +29,7 @@ from queryserve.api import normalized  # noqa: E402
 from queryserve.backends.noisy_channel import channel  # noqa: E402
 from queryserve.backends.noisy_channel.noise import NoiseModel  # noqa: E402
 from queryserve.spell.data import (  # noqa: E402
-    HELD_OUT_WORDS,
+    DEVELOPMENT_WORDS,
     development_catalog,
     held_out,
     load_misspellings,
@@ -38,7 +38,6 @@ from queryserve.spell.data import (  # noqa: E402
 )
 
 DEFAULT = channel.ChannelParameters()
-DEV_WORDS = HELD_OUT_WORDS + 0.10  # the next 10% of word hashes after the held-out ones
 VARIANTS = [  # (name, channel constants, parameters)
     ("24 candidates, lattice 8, no web words, no context words",
      {"MAX_CANDIDATES": 24, "MAX_LATTICE": 8, "CONTEXT_KEEP": 0},
@@ -60,14 +59,14 @@ def main() -> None:
     catalog, misspellings = development_catalog(data), load_misspellings(data)
     rng = random.Random(7)
     clean = rng.sample(catalog.held_out, 1000)
-    learned = [(t, w) for t, w in misspellings.train if not held_out(w, DEV_WORDS)]
+    learned = [(t, w) for t, w in misspellings.train if not held_out(w, DEVELOPMENT_WORDS)]
     noise = NoiseModel.learn(learned)
     misspelled = [(typed, q) for q in clean
                   if (typed := noise.corrupt_query(q, rng, replay=False)) != q]
     dictionary = misspellings.lexicon + load_words(data)
     known = set(dictionary)
     words = rng.sample([(t, w) for t, w in misspellings.train
-                        if held_out(w, DEV_WORDS) and t not in known and t.isalpha()], 1000)
+                        if held_out(w, DEVELOPMENT_WORDS) and t not in known and t.isalpha()], 1000)
     web = load_web_words(DEFAULT.web_min_zipf)
     print("| variant | query accuracy (misspelled) | false corrections (clean) "
           "| word accuracy | queries/s |")

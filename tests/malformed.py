@@ -24,6 +24,7 @@ VALID: dict[str, dict[str, Any]] = {
     "/v2/models/intent/infer": {**KSERVE_TEXT, "parameters": {"top_k": 2}},
     "/v2/models/spell/infer": KSERVE_TEXT,
     "/v2/models/spell-seq2seq/infer": KSERVE_TEXT,
+    "/v2/models/spell-hybrid/infer": KSERVE_TEXT,
     "/v2/models/duplicates/infer": {"inputs": [
         {"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["sony dsc-w120"]},
         {"name": "text_pair", "shape": [1, 1], "datatype": "BYTES", "data": ["sony w120"]}],

@@ -143,8 +143,9 @@ def render(report: dict[str, Any]) -> list[str]:
         *[f"| {name} ({report['counts'][name]}) | {h['misspelled, with spell']:.1%} | "
           f"{h['misspelled, without spell']:.1%} | {h['clean']:.1%} |"
           for name, h in hits.items()], "",
-        "Serving, `queryserve serve` with the default repository (embed, spell, spell-seq2seq, "
-        "intent) and `queryserve bench --protocol search` on the same 2 cores, one misspelled "
+        "Serving, `queryserve serve` with the default repository (every model `queryserve "
+        "prepare` builds; the search pipeline calls spell, embed and intent) and `queryserve "
+        "bench --protocol search` on the same 2 cores, one misspelled "
         "catalog-song query per request:", "",
         f"- at 150 req/s for 10 s, three runs in a row: p99 "
         f"{' / '.join(_ms(v) for v in report['at_150_p99s'])} ms; the median run: p50 "

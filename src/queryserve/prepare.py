@@ -4,7 +4,9 @@ The default `spell` model is the noisy-channel corrector, learned from the repos
 in seconds (`queryserve train spell-channel`). `spell-seq2seq` is the model `queryserve train
 spell` trained (committed under `models/spell`), converted to CTranslate2 by `queryserve
 optimize --task seq2seq` with the held-out misspelled and clean queries as its gate; int8 is
-served if it passes, else fp32. BENCHMARKS.md section 8 compares the two.
+served if it passes, else fp32. `spell-hybrid` is the channel re-ranked with `spell-seq2seq` by
+the committed network (`models/spell-hybrid`, `queryserve train spell-hybrid`): more accurate,
+slower, so the search pipeline keeps `spell`. BENCHMARKS.md section 8 compares the three.
 
 The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed
 under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1
@@ -39,6 +41,7 @@ T = TypeVar("T")
 
 PARITY_QUERIES = 512
 SPELL_MODEL = Path("models/spell")
+RERANKER = Path("models/spell-hybrid/reranker.json")
 INTENT_MODEL = Path("models/intent")
 DUPLICATES_MODEL = Path("models/duplicates")
 CROSS_MODEL = Path("models/duplicates-cross")
@@ -98,6 +101,7 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
     prepare_embed(repository, data, force)
     prepare_spell(repository, force)
     prepare_spell_seq2seq(repository, force)
+    prepare_spell_hybrid(repository, force)
     prepare_intent(repository, data, force)
     prepare_duplicates(repository, force)
     prepare_duplicates_cross(repository, force)
@@ -262,6 +266,29 @@ def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> N
     print(f"spell: noisy channel learned from {built['queries']:,} queries and "
           f"{built['misspellings']:,} misspellings ({built['words']:,} words, and "
           f"{built['web_words']:,} more from web text)")
+
+
+def prepare_spell_hybrid(repository: Path, force: bool = False, data: Path = DATA,
+                         reranker: Path = RERANKER) -> None:
+    """`spell-hybrid`: the noisy channel learned here (seconds), re-ranked by the committed
+    `reranker` with the prepared `spell-seq2seq`, which must come first."""
+    from queryserve.backends.noisy_channel.channel import FILE
+    from queryserve.backends.noisy_channel.rerank import RERANKER_FILE, SEQ2SEQ_FOLDER
+    from queryserve.spell.hybrid import assemble_hybrid
+
+    target, seq2seq = repository / "spell-hybrid", repository / "spell-seq2seq"
+    model = Path("ctranslate2") / "model.bin"
+    if not force and (target / "model.yaml").is_file() and _channel_current(target / FILE) \
+            and _same_files(reranker, target / RERANKER_FILE) \
+            and _same_files(seq2seq / model, target / SEQ2SEQ_FOLDER / model):
+        print("spell-hybrid: already prepared; `queryserve prepare --force` rebuilds it")
+        return
+    assemble_hybrid(target, data, seq2seq, reranker)
+    print("spell-hybrid: the noisy channel learned, its re-ranker and spell-seq2seq beside it")
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
 def _channel_current(path: Path) -> bool:

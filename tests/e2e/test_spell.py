@@ -228,6 +228,79 @@ def test_prepare_keeps_a_current_channel_and_relearns_a_stale_one(
     assert tables.read_bytes() == learned
 
 
+@pytest.fixture(scope="module")
+def hybrid_folder(served_folder: Path, data: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # The tiny seq2seq stands in for both: the development model (that the re-ranker learns
+    # to trust) and the served one.
+    out = tmp_path_factory.mktemp("hybrid") / "spell"
+    assert cli.main(["train", "spell-hybrid", str(out), "--development-seq2seq",
+                     str(served_folder), "--seq2seq", str(served_folder), "--data", str(data),
+                     "--no-progress"]) == 0
+    return out
+
+
+def test_hybrid_is_trained_and_served_as_it_corrects_in_process(
+        hybrid_folder: Path, data: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from queryserve.backends.noisy_channel.rerank import FEATURES, HybridCorrector
+
+    record = json.loads((hybrid_folder / "TRAINING.json").read_text())
+    assert record["examples"]["clean"] > 0 and record["examples"]["misspelled"] > 0
+    for outcome in record["development"].values():  # shares on the unseen half
+        assert set(outcome) <= {"clean", "misspelled", "word"}
+        assert all(0.0 <= v <= 1.0 for v in outcome.values())
+    weights = json.loads((hybrid_folder / "reranker.json").read_text())
+    assert len(weights["hidden"]) == len(FEATURES) == len(weights["mean"])
+    assert (hybrid_folder / "seq2seq" / "ctranslate2" / "model.bin").is_file()
+
+    # The last is longer than the seq2seq's 128 positions: the channel answers it alone.
+    queries = [*QUERIES, "plae sleepyhead by pasion pit", "Taylor  Swift", "qwzx " * 40]
+    hybrid = HybridCorrector.load(hybrid_folder)
+    expected = hybrid.correct(queries)
+    assert all(0.0 <= e.score <= 1.0 for e in expected)
+    # Where the channel is sure the words are right, its answer and posterior stand.
+    channel = NoisyChannel.load(hybrid_folder).correct(queries)
+    for e, c in zip(expected, channel, strict=True):
+        if not c.changed and c.score >= 0.999:
+            assert (e.corrected, e.score) == (c.corrected, c.score)
+    server = start_server(hybrid_folder.parent, tmp_path / "server.log")
+    try:
+        # One request, and one query per request: the batcher's batches answer the same.
+        answer = httpx.post(f"{server.url}/v1/spell", json={"queries": queries}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        alone = [httpx.post(f"{server.url}/v1/spell", json={"queries": [q]}, timeout=30
+                            ).json()["corrections"][0] for q in queries]
+        for corrections in (answer.json()["corrections"], alone):
+            assert [c["corrected"] for c in corrections] == [e.corrected for e in expected]
+            assert [c["score"] for c in corrections] == pytest.approx(
+                [e.score for e in expected], rel=1e-4, abs=1e-6)
+        bad = httpx.post(f"{server.url}/v1/spell", json={"queries": ["ok", ""]})
+        assert bad.status_code == 400 and "queries[1] is empty" in bad.json()["error"]
+        assert "Traceback" not in server.log_text()
+    finally:
+        stop_server(server)
+    result = subprocess.run(
+        [sys.executable, "-m", "queryserve", "eval", "spell", str(hybrid_folder), "--data",
+         str(data), "--size", "10", "--no-progress"], capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "hybrid" in result.stdout and "hybrid, score >= 0.5" in result.stdout
+
+    # A served seq2seq folder is required, and said so; a re-ranker fitted on other features
+    # is refused when the model loads, not served wrong.
+    assert cli.main(["train", "spell-hybrid", str(tmp_path / "x"), "--development-seq2seq",
+                     str(tmp_path), "--data", str(data), "--no-progress"]) == 1
+    assert "is not a served seq2seq folder" in capsys.readouterr().err
+    weights["features"] = weights["features"][:-1]
+    (tmp_path / "reranker.json").write_text(json.dumps(weights))
+    from queryserve.backends.noisy_channel.rerank import RerankerWeights
+    from queryserve.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fitted on other features"):
+        RerankerWeights.load(tmp_path / "reranker.json")
+
+
 def test_eval_spell_scores_both_sets_against_symspellpy(served_folder: Path,
                                                        channel_folder: Path, data: Path,
                                                        tmp_path: Path) -> None:
@@ -273,10 +346,12 @@ def test_eval_spell_on_a_folder_that_is_not_served_says_so(tmp_path: Path) -> No
 
 def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: RunningServer
                                                                   ) -> None:
-    """`make run`'s `spell` (the noisy channel `queryserve prepare` learned) and
-    `spell-seq2seq` (the committed model, as `queryserve prepare` converted it)."""
+    """`make run`'s `spell` (the noisy channel `queryserve prepare` learned), `spell-seq2seq`
+    (the committed model, as `queryserve prepare` converted it) and `spell-hybrid` (the channel
+    re-ranked with the seq2seq by the committed network)."""
+    assert (ROOT / "model_repository" / "spell-hybrid" / "reranker.json").is_file()
     queries = ["taylor swfit", "Taylor Swift", "play some jazz", "sony turntable"]
-    for model in ("spell", "spell-seq2seq"):
+    for model in ("spell", "spell-seq2seq", "spell-hybrid"):
         answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
                             json={"queries": queries, "model": model})
         assert answer.status_code == 200, answer.text

@@ -183,3 +183,21 @@ def test_k_best_lists_distinct_queries_best_first_with_their_posteriors(
                          "play sleepyhead by pasion pit"]
     assert [t for t, _ in channel.k_best(["taylorswift"], 5)] == ["taylor swift", "taylorswift"]
     assert channel.k_best([], 3) == [("", 1.0)]
+
+
+def test_k_best_also_scores_queries_outside_the_list_in_the_same_model(
+        channel: NoisyChannel) -> None:
+    """The re-ranker's other candidates (the words as typed, the seq2seq's answer) get their
+    posterior from the same lattice model: word for word, or zero where no alignment is."""
+    words = ["plae", "sleepyhead", "by", "pasion", "pit"]
+    top, *_ = channel.k_best(words, 1)
+    hypotheses = channel.k_best(words, 1, also=["plae sleepyhead by pasion pit", top[0],
+                                                "play sleepy head by passion pit"])
+    assert hypotheses[0] == top and len(hypotheses) == 3  # the best is not listed twice
+    (typed, p_typed), (split, p_split) = hypotheses[1:]
+    assert typed == "plae sleepyhead by pasion pit" and 0 < p_typed < top[1]
+    assert split == "play sleepy head by passion pit" and p_split == 0.0
+    # A query the lattice does hold gets the same posterior either way.
+    second, p_second = channel.k_best(words, 2)[1]
+    again, p_again = channel.k_best(words, 1, also=[second])[1]
+    assert again == second and p_again == pytest.approx(p_second, rel=1e-9)

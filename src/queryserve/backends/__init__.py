@@ -33,7 +33,7 @@ def create_backend(config: ModelConfig, threads: int) -> Backend:
     if config.backend == "noisy_channel":
         from queryserve.backends.noisy_channel import NoisyChannelBackend
 
-        return NoisyChannelBackend(config)
+        return NoisyChannelBackend(config, threads)
     if config.backend == "fake":
         from queryserve.backends.fake import FakeBackend
 

@@ -1,4 +1,4 @@
-"""`queryserve train spell`, `queryserve train spell-channel` and `queryserve eval spell`:
+"""`queryserve train spell`, `train spell-channel`, `train spell-hybrid` and `eval spell`:
 argument parsing only."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from queryserve.training import DEVICES
 
 
 def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`queryserve train spell` and `queryserve train spell-channel`."""
+    """`queryserve train spell`, `train spell-channel` and `train spell-hybrid`."""
     spell = tasks.add_parser(
         "spell", help="train the seq2seq query spelling corrector (a small character-level "
                       "BART or T5)")
@@ -42,18 +42,39 @@ def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
                             "beside a GPU)")
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
+    spell.add_argument("--development", action="store_true",
+                       help="train on the development split's training side only: the model "
+                            "`queryserve train spell-hybrid --development-seq2seq` takes")
     spell.add_argument("--resume", action="store_true",
                        help="go on from OUT's checkpoint (its recipe and shape) until "
                             "--minutes of training in all")
     spell.add_argument("--measure-speed", action="store_true",
                        help="only time fp32 at batch 32 against bf16 and a large batch")
-    channel = tasks.add_parser(
-        "spell-channel", help="learn the noisy-channel spelling corrector (seconds): a servable "
-                              "model folder")
-    channel.add_argument("out", type=Path, help="the model folder to write, e.g. "
-                                                "model_repository/spell")
-    channel.add_argument("--data", type=Path, default=DATA,
-                         help="the repository's data folder (default: %(default)s)")
+    _folder_parser(tasks, "spell-channel", "learn the noisy-channel spelling corrector "
+                                           "(seconds): a servable model folder")
+    hybrid = _folder_parser(tasks, "spell-hybrid", "fit the hybrid spelling corrector's "
+                            "re-ranker (the channel's candidates scored by a seq2seq) and "
+                            "write a servable model folder")
+    hybrid.add_argument("--development-seq2seq", type=Path, required=True,
+                        help="a served seq2seq folder trained with `train spell --development` "
+                             "(then `optimize --task seq2seq`): the re-ranker learns how far to "
+                             "trust it on queries it never saw")
+    hybrid.add_argument("--seq2seq", type=Path, default=Path("model_repository/spell-seq2seq"),
+                        help="the served seq2seq folder the hybrid serves with (default: "
+                             "%(default)s)")
+    hybrid.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar")
+
+
+def _folder_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                   description: str) -> argparse.ArgumentParser:
+    """A `train` task that writes a servable spelling model folder from the data."""
+    parser = tasks.add_parser(name, help=description)
+    parser.add_argument("out", type=Path, help="the model folder to write, e.g. "
+                                               f"model_repository/{name.replace('-channel', '')}")
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help="the repository's data folder (default: %(default)s)")
+    return parser
 
 
 def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -146,6 +167,9 @@ def run_spell_train_command(args: argparse.Namespace) -> None:
 
         print(json.dumps(build_channel_model(args.out, args.data), indent=2))
         return
+    if args.task == "spell-hybrid":
+        run_hybrid_train_command(args)
+        return
     from queryserve.progress import quiet_logs
     from queryserve.spell.train import Recipe, Shape, measure_speed, train_spell
 
@@ -160,6 +184,33 @@ def run_spell_train_command(args: argparse.Namespace) -> None:
     recipe = Recipe(minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
                     learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
                     bf16=not args.fp32, seed=args.seed, device=args.device,
-                    workers=args.workers)
+                    workers=args.workers, development=args.development)
     record = train_spell(args.out, recipe, shape, args.data, resume=args.resume)
+    print(json.dumps(record, indent=2))
+
+
+def run_hybrid_train_command(args: argparse.Namespace) -> None:
+    import sys
+
+    from queryserve.errors import ConfigError
+    from queryserve.progress import progress_bar
+    from queryserve.spell.hybrid import assemble_hybrid, fit_reranker
+
+    for folder in (args.development_seq2seq, args.seq2seq):
+        if not (folder / "ctranslate2" / "model.bin").is_file():
+            raise ConfigError(f"{folder} is not a served seq2seq folder (no ctranslate2/"
+                              "model.bin); make one with `queryserve optimize TRAINED_FOLDER "
+                              "--task seq2seq`")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with progress_bar(args.progress and sys.stdout.isatty()) as display:
+        task = display.add_task("development queries", total=None, status="")
+        weights, record = fit_reranker(
+            args.development_seq2seq, args.data,
+            lambda done, total: display.update(task, completed=done, total=total))
+    weights.save(args.out)
+    built = assemble_hybrid(args.out, args.data, args.seq2seq, args.out / "reranker.json")
+    record = {"command": "queryserve train spell-hybrid OUT --development-seq2seq "
+                         f"{args.development_seq2seq} --seq2seq {args.seq2seq}",
+              **record, "served": built}
+    (args.out / "TRAINING.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))

@@ -82,7 +82,10 @@ def open_corrector(folder: Path) -> Corrector:
     backend = load_model_config(folder / "model.yaml").backend
     if backend == "noisy_channel":
         from queryserve.backends.noisy_channel.channel import NoisyChannel
+        from queryserve.backends.noisy_channel.rerank import RERANKER_FILE, HybridCorrector
 
+        if (folder / RERANKER_FILE).is_file():
+            return HybridCorrector.load(folder, threads=os.cpu_count() or 1)
         return NoisyChannel.load(folder)
     if backend == "ctranslate2":
         return Seq2SeqCorrector(folder)

@@ -51,6 +51,9 @@ def check_data(data: Path) -> Path:
     return data
 HELD_OUT_ITEMS = 0.05
 HELD_OUT_WORDS = 0.20
+DEVELOPMENT_WORDS = HELD_OUT_WORDS + 0.10
+"""The misspelled words in the next 10% of hashes after the held-out ones: the development
+split's words (`development_misspellings`)."""
 MAX_QUERY_CHARS = 64
 _SPACES = re.compile(r"\s+")
 _FEATURING = re.compile(r"\s+(?:featuring|feat\.|ft\.|with|x|&|and|,)\s+", re.IGNORECASE)
@@ -128,6 +131,18 @@ def development_catalog(data: Path = DATA) -> Catalog:
     development = {q: None for q in development if q not in test}
     return Catalog([q for q in train if q not in development and q not in test],
                    list(development))
+
+
+def development_misspellings(data: Path = DATA) -> Misspellings:
+    """The training side of `load_misspellings` split again by word, for choosing parameters
+    and fitting what sits on top of a trained model: the words in `DEVELOPMENT_WORDS` become
+    `held_out` (their misspellings are never trained on); the held-out words are left out."""
+    misspellings = load_misspellings(data)
+    train: list[tuple[str, str]] = []
+    development: list[tuple[str, str]] = []
+    for typed, word in misspellings.train:
+        (development if held_out(word, DEVELOPMENT_WORDS) else train).append((typed, word))
+    return Misspellings(train, development, misspellings.lexicon)
 
 
 def clean_texts(catalog: Catalog, misspellings: Misspellings) -> list[str]:

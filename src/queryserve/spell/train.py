@@ -36,7 +36,14 @@ from typing import Any
 
 from queryserve.backends.noisy_channel.noise import NoiseModel
 from queryserve.errors import QueryServeError
-from queryserve.spell.data import DATA, clean_texts, load_catalog, load_misspellings
+from queryserve.spell.data import (
+    DATA,
+    clean_texts,
+    development_catalog,
+    development_misspellings,
+    load_catalog,
+    load_misspellings,
+)
 from queryserve.training import resolve_device
 
 SPECIALS = {"t5": ["<pad>", "</s>", "<unk>"],
@@ -71,6 +78,10 @@ class Recipe:
     word_share: float = 0.15  # single dictionary words, misspelled
     device: str = "auto"
     workers: int | None = None  # processes writing examples: none on a CPU, 8 beside a GPU
+    development: bool = False
+    """Train on the development split's training side (`spell.data.development_catalog`,
+    `development_misspellings`): a model that never saw the development queries and words, on
+    which the hybrid corrector's re-ranker learns how far to trust it."""
 
 
 class TrainingError(QueryServeError):
@@ -266,7 +277,8 @@ def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
                             "with it, or choose another folder")
     device = resolve_device(recipe.device)
     out.mkdir(parents=True, exist_ok=True)
-    catalog, misspellings = load_catalog(data), load_misspellings(data)
+    catalog, misspellings = (development_catalog(data), development_misspellings(data)) \
+        if recipe.development else (load_catalog(data), load_misspellings(data))
     noise = NoiseModel.learn(misspellings.train)
     torch.manual_seed(recipe.seed)
     state: dict[str, Any] = {"step": 0, "pools": 0, "examples": 0, "seconds": 0.0,

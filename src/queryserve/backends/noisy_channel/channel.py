@@ -342,9 +342,12 @@ class NoisyChannel:
         """The best query for these typed words, and its posterior probability."""
         return self.k_best(words, 1)[0]
 
-    def k_best(self, words: Sequence[str], k: int) -> list[tuple[str, float]]:
+    def k_best(self, words: Sequence[str], k: int,
+               also: Iterable[str] = ()) -> list[tuple[str, float]]:
         """The `k` likeliest queries for these typed words (fewer if the lattice holds fewer),
-        best first, each with its posterior probability: what a re-ranker chooses among.
+        best first, each with its posterior probability: what a re-ranker chooses among. Then
+        each query of `also` not among them (the words as typed, another model's answer) with
+        its posterior under the same model, scored word for word (`joint`).
 
         The lattice has a column per typed word, its states the last word meant (what the
         bigram model conditions on). A state is reached from the column before by a candidate
@@ -369,9 +372,26 @@ class NoisyChannel:
         best, forward = columns[-1].best, columns[-1].forward
         final = {previous: self.language(previous, END) for previous in best}
         total = _logsumexp([forward[p] + s for p, s in final.items()])
-        ended = _top([(score + final[p], meant) for p, paths in best.items()
-                      for score, meant in paths], k)
-        return [(" ".join(meant), math.exp(score - total)) for score, meant in ended]
+        ended = [(" ".join(meant), score) for score, meant in
+                 _top([(score + final[p], meant) for p, paths in best.items()
+                       for score, meant in paths], k)]
+        found = {text for text, _ in ended}
+        ended += [(text, self.joint(words, text.split())) for text in dict.fromkeys(also)
+                  if text not in found]
+        return [(text, math.exp(score - total)) for text, score in ended]
+
+    def joint(self, words: Sequence[str], meant: Sequence[str]) -> float:
+        """log P(meant, typed words) for a query meant word for word as typed, whether or not
+        the lattice holds it (-inf when the word counts differ: no split or join is scored)."""
+        if len(meant) != len(words):
+            return -math.inf
+        score, previous = 0.0, START
+        for typed, word in zip(words, meant, strict=True):
+            channel = self.candidates(typed)[0][1] if word == typed else \
+                self.channel(typed, word) + self._prior(typed)
+            score += self.language(previous, word) + channel
+            previous = word
+        return score + self.language(previous, END)
 
     def _extend(self, before: _Column, meant: tuple[str, ...], channel: float,
                 column: _Column, k: int) -> None:

@@ -1,0 +1,224 @@
+"""The hybrid corrector: the noisy channel proposes, a seq2seq Transformer and a small network
+choose, and the choice comes with the probability that it is what the user meant.
+
+For typed words t the candidates are the channel's `k` likeliest queries and the words as
+typed. The seq2seq scores each candidate c as log P(c | t) (one teacher-forced pass for all of
+them: CTranslate2's `score_batch`), the channel gives each its posterior, and `features` turns
+both into 15 numbers per candidate, most of them relative to the other candidates and to the
+words as typed. A network of one hidden layer (`RerankerWeights`, fitted by `queryserve train
+spell-hybrid` on development queries that neither model saw) maps them to P(candidate is
+right); the likeliest candidate is the answer and that probability its score. Below an
+auto-correct threshold the query stands (0.8 held false corrections under 1% on the
+development split; a search pipeline's `min_score`), the answer a "did you mean" at most.
+
+Where the channel is sure the words are right as typed (posterior >= `SURE`), the seq2seq is
+not run and the channel's posterior is the score: most correctly typed queries take that path,
+at the channel's speed. Scoring is the expensive step (each candidate encodes the query
+again), so `k` is 3: on `eval spell`'s sets 3 did as well as 8, and the seq2seq's own greedy
+answer as one more candidate (4 ms a query) gained 0.7 to 1.6 points. Served, it is still about
+4x slower than the channel at p99 (BENCHMARKS.md section 8): hence `spell-hybrid` beside the
+default `spell`, not in its place.
+
+Why both models: the channel knows the catalog's words and how people mistype them; the
+seq2seq reads the whole query at once, and the network learns where each is right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from queryserve.api import Correction, correction, normalized
+from queryserve.backends.noisy_channel.channel import NoisyChannel
+from queryserve.types import Array
+
+RERANKER_FILE = "reranker.json"
+SEQ2SEQ_FOLDER = "seq2seq"  # the scoring model: CTranslate2's folder and its tokenizer
+SURE = 0.999  # a channel posterior for the words as typed that needs no second opinion
+FEATURES = (
+    "channel log posterior", "seq2seq log probability", "seq2seq log probability per token",
+    "as typed", "words changed", "outside the channel's reach",
+    "channel rank", "channel log posterior - best", "seq2seq log probability - best",
+    "as typed: channel log posterior", "as typed: seq2seq log probability",
+    "as typed: seq2seq log probability per token", "typed words",
+    "channel log posterior - as typed", "seq2seq log probability - as typed")
+_FLOOR = math.log(1e-30)  # the log posterior of a candidate the channel cannot align
+MAX_TOKENS = 128
+"""The seq2seq's positions (`max_position_embeddings` of models/spell): a longer query, or
+candidate, is the channel's alone."""
+
+
+@dataclass(frozen=True)
+class RerankerWeights:
+    """The fitted network: features standardised (`mean`, `scale`), one ReLU layer, a sigmoid."""
+    k: int  # the channel's candidates per query
+    mean: list[float]
+    scale: list[float]
+    hidden: list[list[float]]  # features x units
+    hidden_bias: list[float]
+    out: list[float]
+    out_bias: float
+
+    @cached_property
+    def _arrays(self) -> tuple[Array, Array, Array, Array, Array]:
+        return (np.asarray(self.mean), np.asarray(self.scale), np.asarray(self.hidden),
+                np.asarray(self.hidden_bias), np.asarray(self.out))
+
+    def probabilities(self, features: Array) -> Array:
+        """P(right) for each row of `features`."""
+        mean, scale, hidden, hidden_bias, out = self._arrays
+        h = np.maximum((features - mean) / scale @ hidden + hidden_bias, 0.0)
+        z = np.clip(h @ out + self.out_bias, -60.0, 60.0)  # exp() never overflows
+        p: Array = 1.0 / (1.0 + np.exp(-z))
+        return p
+
+    def save(self, folder: Path) -> Path:
+        path = folder / RERANKER_FILE
+        path.write_text(json.dumps({"features": FEATURES, **asdict(self)}) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> RerankerWeights:
+        raw = json.loads(path.read_text())
+        if tuple(raw.pop("features")) != FEATURES:
+            from queryserve.errors import ConfigError
+
+            raise ConfigError(f"{path} was fitted on other features than this version "
+                              "computes; fit it again with `queryserve train spell-hybrid`")
+        return cls(**raw)
+
+
+def features(typed: str, candidates: Sequence[str], posteriors: Sequence[float],
+             log_probs: Sequence[float], tokens: Sequence[int], k: int) -> Array:
+    """A row of `FEATURES` per candidate (the words as typed among them): the channel's
+    posteriors and the seq2seq's log-probabilities (summed over `tokens` tokens)."""
+    channel = np.array([math.log(p) if p > 0 else _FLOOR for p in posteriors])
+    seq2seq = np.asarray(log_probs, dtype=np.float64)
+    per_token = seq2seq / np.maximum(np.asarray(tokens, dtype=np.float64), 1.0)
+    i = candidates.index(typed)
+    words = typed.split()
+    rows = []
+    for j, candidate in enumerate(candidates):
+        meant = candidate.split()
+        changed = sum(a != b for a, b in zip(meant, words, strict=True)) \
+            if len(meant) == len(words) else abs(len(meant) - len(words)) + 1
+        rows.append([channel[j], seq2seq[j], per_token[j], j == i, changed,
+                     posteriors[j] == 0, min(j, k), channel[j] - channel.max(),
+                     seq2seq[j] - seq2seq.max(), channel[i], seq2seq[i], per_token[i],
+                     len(words), channel[j] - channel[i], seq2seq[j] - seq2seq[i]])
+    return np.asarray(rows, dtype=np.float64)
+
+
+class Seq2SeqScorer:
+    """A served seq2seq corrector's CTranslate2 model and tokenizer, as the re-ranker uses it:
+    log P(candidate | query) for any candidates."""
+
+    def __init__(self, folder: Path, threads: int = 1) -> None:
+        import ctranslate2
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # `threads`: the instance's share of the cores (the server's intra-op budget). The CPU
+        # even beside a GPU, so that the scores are those the network was fitted on (float32
+        # on a CPU) wherever it is served; a GPU's was not measured.
+        self.translator = ctranslate2.Translator(str(folder / "ctranslate2"), device="cpu",
+                                                 inter_threads=1, intra_threads=threads)
+
+    def _tokens(self, texts: Sequence[str]) -> list[list[str]]:
+        return [e.tokens for e in self.tokenizer.encode_batch(list(texts))]
+
+    def log_probs(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, int] | None]:
+        """(log P(candidate | query), tokens scored) for each (query, candidate); None where
+        either is longer than the model's positions (`MAX_TOKENS`)."""
+        sources = self._tokens([query for query, _ in pairs])
+        # The target without its end token (CTranslate2 puts the decoder's start token first).
+        targets = [tokens[:-1] for tokens in self._tokens([c for _, c in pairs])]
+        fits = [len(a) <= MAX_TOKENS and len(b) <= MAX_TOKENS
+                for a, b in zip(sources, targets, strict=True)]
+        results = iter(self.translator.score_batch(
+            [a for a, ok in zip(sources, fits, strict=True) if ok],
+            [b for b, ok in zip(targets, fits, strict=True) if ok], max_batch_size=0)
+            if any(fits) else [])
+        scored: list[tuple[float, int] | None] = []
+        for ok in fits:
+            r = next(results) if ok else None
+            scored.append(None if r is None else (float(sum(r.log_probs)), len(r.log_probs)))
+        return scored
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One query's candidates and the evidence on each. `features` is empty where the
+    seq2seq was not asked: the channel is sure of the words as typed (posterior >= `SURE`),
+    or the query is longer than the seq2seq reads; then the channel's answer stands."""
+    typed: str
+    texts: list[str]
+    posteriors: list[float]
+    features: Array
+
+
+def candidates(channel: NoisyChannel, scorer: Seq2SeqScorer, queries: Sequence[list[str]],
+               k: int) -> list[Candidates]:
+    """Every query's candidates, the seq2seq run once for the batch's unsure ones."""
+    typed = [" ".join(words) for words in queries]
+    proposed = [channel.k_best(words, k, also=[text])
+                for words, text in zip(queries, typed, strict=True)]
+    unsure = [not (h[0][0] == text and h[0][1] >= SURE)
+              for text, h in zip(typed, proposed, strict=True)]
+    scores = iter(scorer.log_probs([(text, c) for text, hypotheses, ask
+                                    in zip(typed, proposed, unsure, strict=True)
+                                    if ask for c, _ in hypotheses]))
+    out = []
+    for text, hypotheses, ask in zip(typed, proposed, unsure, strict=True):
+        texts, posteriors = [c for c, _ in hypotheses], [p for _, p in hypotheses]
+        scored = [next(scores) for _ in texts] if ask else []
+        if not ask or any(s is None for s in scored):
+            out.append(Candidates(text, texts, posteriors, np.empty((0, len(FEATURES)))))
+            continue
+        pairs = [s for s in scored if s is not None]
+        out.append(Candidates(text, texts, posteriors, features(
+            text, texts, posteriors, [s for s, _ in pairs], [n for _, n in pairs], k)))
+    return out
+
+
+def choose(weights: RerankerWeights, c: Candidates) -> tuple[str, float]:
+    """The likeliest candidate and its probability (the channel's, where it alone answers)."""
+    if not len(c.features):
+        return c.texts[0], c.posteriors[0]
+    p = weights.probabilities(c.features)
+    best = int(p.argmax())
+    return c.texts[best], float(p[best])
+
+
+class HybridCorrector:
+    """The channel's candidates re-ranked: `correct_words` for the backend, `correct` for
+    `queryserve eval spell`; one thread at a time per instance."""
+
+    name = "hybrid"
+
+    def __init__(self, channel: NoisyChannel, scorer: Seq2SeqScorer,
+                 weights: RerankerWeights) -> None:
+        self.channel, self.scorer, self.weights = channel, scorer, weights
+
+    @classmethod
+    def load(cls, folder: Path, threads: int = 2) -> HybridCorrector:
+        return cls(NoisyChannel.load(folder), Seq2SeqScorer(folder / SEQ2SEQ_FOLDER, threads),
+                   RerankerWeights.load(folder / RERANKER_FILE))
+
+    def correct_words(self, queries: Sequence[list[str]]) -> list[tuple[str, float]]:
+        """The answer for each query's words, and its probability (an empty query is itself,
+        for sure)."""
+        worded = iter(candidates(self.channel, self.scorer, [w for w in queries if w],
+                                 self.weights.k))
+        return [choose(self.weights, next(worded)) if words else ("", 1.0) for words in queries]
+
+    def correct(self, queries: Sequence[str]) -> list[Correction]:
+        chosen = self.correct_words([normalized(q).split() for q in queries])
+        return [correction(q, text, score)
+                for q, (text, score) in zip(queries, chosen, strict=True)]
