@@ -29,10 +29,8 @@ from queryserve.api import normalized  # noqa: E402
 from queryserve.backends.noisy_channel import channel  # noqa: E402
 from queryserve.backends.noisy_channel.noise import NoiseModel  # noqa: E402
 from queryserve.spell.data import (  # noqa: E402
-    DEVELOPMENT_WORDS,
     development_catalog,
-    held_out,
-    load_misspellings,
+    development_misspellings,
     load_web_words,
     load_words,
 )
@@ -56,17 +54,17 @@ VARIANTS = [  # (name, channel constants, parameters)
 
 def main() -> None:
     data = ROOT / "data"
-    catalog, misspellings = development_catalog(data), load_misspellings(data)
+    catalog, misspellings = development_catalog(data), development_misspellings(data)
     rng = random.Random(7)
     clean = rng.sample(catalog.held_out, 1000)
-    learned = [(t, w) for t, w in misspellings.train if not held_out(w, DEVELOPMENT_WORDS)]
+    learned = misspellings.train
     noise = NoiseModel.learn(learned)
     misspelled = [(typed, q) for q in clean
                   if (typed := noise.corrupt_query(q, rng, replay=False)) != q]
     dictionary = misspellings.lexicon + load_words(data)
     known = set(dictionary)
-    words = rng.sample([(t, w) for t, w in misspellings.train
-                        if held_out(w, DEVELOPMENT_WORDS) and t not in known and t.isalpha()], 1000)
+    words = rng.sample([(t, w) for t, w in misspellings.held_out
+                        if t not in known and t.isalpha()], 1000)
     web = load_web_words(DEFAULT.web_min_zipf)
     print("| variant | query accuracy (misspelled) | false corrections (clean) "
           "| word accuracy | queries/s |")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from queryserve.backends.noisy_channel.channel import ChannelParameters, ChannelTables
 from queryserve.backends.noisy_channel.noise import NoiseModel
+from queryserve.spell.data import Catalog, Misspellings
 
 CHANNEL_HEADER = """\
 # {name}: the noisy-channel spelling corrector, learned by `queryserve train spell-channel`
@@ -35,25 +36,28 @@ model_warmup:
 """
 
 
-def build_channel_model(out: Path, data: Path, parameters: ChannelParameters | None = None,
-                        hybrid: bool = False) -> dict[str, object]:
-    """A servable model folder (model.yaml + channel.json) learned from the training splits:
-    the catalog's training queries, the dictionary words (the misspelling corpus's lexicon and
-    common English words), the training misspellings' typo model, and web text's word
-    frequencies."""
-    from queryserve.spell.data import (
-        load_catalog,
-        load_misspellings,
-        load_web_words,
-        load_words,
-    )
+def learn_tables(catalog: Catalog, misspellings: Misspellings, data: Path,
+                 parameters: ChannelParameters | None = None) -> ChannelTables:
+    """The channel's tables from a split: the catalog's training queries, the dictionary words
+    (the misspelling corpus's lexicon and common English words), the training misspellings'
+    typo model, and web text's word frequencies (less the known misspellings)."""
+    from queryserve.spell.data import load_web_words, load_words
 
     parameters = parameters or ChannelParameters()
+    return ChannelTables.learn(catalog.train, misspellings.lexicon + load_words(data),
+                               NoiseModel.learn(misspellings.train), parameters,
+                               web=load_web_words(parameters.web_min_zipf),
+                               typos={typed for typed, _ in misspellings.train})
+
+
+def build_channel_model(out: Path, data: Path, parameters: ChannelParameters | None = None,
+                        hybrid: bool = False) -> dict[str, object]:
+    """A servable model folder (model.yaml + channel.json) learned from the training splits
+    (`learn_tables`)."""
+    from queryserve.spell.data import load_catalog, load_misspellings
+
     catalog, misspellings = load_catalog(data), load_misspellings(data)
-    tables = ChannelTables.learn(catalog.train, misspellings.lexicon + load_words(data),
-                                 NoiseModel.learn(misspellings.train), parameters,
-                                 web=load_web_words(parameters.web_min_zipf),
-                                 typos={typed for typed, _ in misspellings.train})
+    tables = learn_tables(catalog, misspellings, data, parameters)
     out.mkdir(parents=True, exist_ok=True)
     path = tables.save(out)
     header = HYBRID_HEADER if hybrid else CHANNEL_HEADER

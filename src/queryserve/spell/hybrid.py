@@ -1,5 +1,5 @@
 """`queryserve train spell-hybrid`: fit the hybrid corrector's re-ranker
-(`backends.noisy_channel.rerank`) and write a servable `spell` folder around it.
+(`backends.noisy_channel.rerank`) and write a servable folder around it (`spell-hybrid`).
 
 The re-ranker learns how far to trust each model where neither has seen the query: on the
 development split (`spell.data.development_catalog`, `development_misspellings`), with a
@@ -28,11 +28,7 @@ from typing import Any
 import numpy as np
 
 from queryserve.api import normalized
-from queryserve.backends.noisy_channel.channel import (
-    ChannelParameters,
-    ChannelTables,
-    NoisyChannel,
-)
+from queryserve.backends.noisy_channel.channel import NoisyChannel
 from queryserve.backends.noisy_channel.noise import NoiseModel
 from queryserve.backends.noisy_channel.rerank import (
     FEATURES,
@@ -44,11 +40,11 @@ from queryserve.backends.noisy_channel.rerank import (
     candidates,
     choose,
 )
+from queryserve.spell.channel_model import learn_tables
 from queryserve.spell.data import (
     DATA,
     development_catalog,
     development_misspellings,
-    load_web_words,
     load_words,
 )
 from queryserve.types import Array
@@ -72,12 +68,8 @@ def development_examples(data: Path) -> tuple[NoisyChannel, list[Example]]:
     """The development channel (learned without the development queries and words) and the
     examples the re-ranker learns from."""
     catalog, misspellings = development_catalog(data), development_misspellings(data)
+    tables = learn_tables(catalog, misspellings, data)
     noise = NoiseModel.learn(misspellings.train)
-    parameters = ChannelParameters()
-    dictionary = misspellings.lexicon + load_words(data)
-    tables = ChannelTables.learn(catalog.train, dictionary, noise, parameters,
-                                 web=load_web_words(parameters.web_min_zipf),
-                                 typos={typed for typed, _ in misspellings.train})
     examples = [Example(q, q, "clean") for q in catalog.held_out]
     for seed in NOISE_SEEDS:
         rng = random.Random(seed)
@@ -86,7 +78,7 @@ def development_examples(data: Path) -> tuple[NoisyChannel, list[Example]]:
     rng = random.Random(SPACE_SEED)
     examples += [Example(spaced, q, "misspelled") for q in catalog.held_out
                  if (spaced := space_typo(q, rng)) is not None]
-    known = set(dictionary)
+    known = set(misspellings.lexicon) | set(load_words(data))
     examples += [Example(typed, word, "word") for typed, word in misspellings.held_out
                  if typed not in known and typed.isalpha()]
     return NoisyChannel(tables), examples
@@ -188,8 +180,8 @@ def fit_reranker(development_seq2seq: Path, data: Path = DATA,
 
 
 def assemble_hybrid(out: Path, data: Path, seq2seq: Path, reranker: Path) -> dict[str, object]:
-    """A servable hybrid folder (`spell-hybrid`): the channel learned from the training split, the
-    served seq2seq folder `seq2seq` (its CTranslate2 model and tokenizer), and a fitted
+    """A servable hybrid folder (`spell-hybrid`): the channel learned from the training split,
+    the served seq2seq folder `seq2seq` (its CTranslate2 model and tokenizer), and a fitted
     `reranker.json`."""
     from queryserve.spell.channel_model import build_channel_model
 
