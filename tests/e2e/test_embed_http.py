@@ -138,7 +138,7 @@ def test_bad_input_gets_a_4xx_that_names_the_problem(
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "message"), [
     ("POST", "/v2/models/nope/infer", {}, 404,
-     "unknown model 'nope'; this server has: duplicates, duplicates-cross, embed"),
+     "unknown model 'nope'; this server has: duplicates, duplicates-bi, embed"),
     ("GET", "/v2/models/embed/infer", None, 405, "use POST"),
     ("GET", "/v2/models/embed/versions/7", None, 404, "has no version '7'"),
     ("GET", "/nowhere", None, 404, "no route GET /nowhere"),

