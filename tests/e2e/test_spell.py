@@ -264,6 +264,17 @@ def test_hybrid_is_trained_and_served_as_it_corrects_in_process(
     for e, c in zip(expected, channel, strict=True):
         if not c.changed and c.score >= 0.999:
             assert (e.corrected, e.score) == (c.corrected, c.score)
+    # The seq2seq scores the words as typed and what the channel does not all but rule out.
+    from queryserve.backends.noisy_channel.rerank import UNLIKELY, candidates
+
+    for words, found in zip([q.split() for q in QUERIES], candidates(
+            hybrid.channel, hybrid.scorer, [q.split() for q in QUERIES], 3), strict=True):
+        typed = " ".join(words)
+        assert typed in found.texts
+        assert all(p >= UNLIKELY for t, p in zip(found.texts, found.posteriors, strict=True)
+                   if t != typed)
+        every = hybrid.channel.k_best(words, 3, also=[typed])
+        assert len(found.texts) == sum(p >= UNLIKELY or t == typed for t, p in every)
     server = start_server(hybrid_folder.parent, tmp_path / "server.log")
     try:
         # One request, and one query per request: the batcher's batches answer the same.

@@ -14,10 +14,11 @@ development split; a search pipeline's `min_score`), the answer a "did you mean"
 Where the channel is sure the words are right as typed (posterior >= `SURE`), the seq2seq is
 not run and the channel's posterior is the score: most correctly typed queries take that path,
 at the channel's speed. Scoring is the expensive step (each candidate encodes the query
-again), so `k` is 3: on `eval spell`'s sets 3 did as well as 8, and the seq2seq's own greedy
-answer as one more candidate (4 ms a query) gained 0.7 to 1.6 points. Served, it is still about
-4x slower than the channel at p99 (BENCHMARKS.md section 8): hence `spell-hybrid` beside the
-default `spell`, not in its place.
+again), so a candidate the channel all but rules out (`UNLIKELY`) is not scored, and `k` is 3:
+on `eval spell`'s sets 3 did as well as 8, and the seq2seq's own greedy answer as one more
+candidate (4 ms a query) gained 0.7 to 1.6 points. Served, it is still about 4x slower than
+the channel at p99 (BENCHMARKS.md section 8): hence `spell-hybrid` beside the default
+`spell`, not in its place.
 
 Why both models: the channel knows the catalog's words and how people mistype them; the
 seq2seq reads the whole query at once, and the network learns where each is right.
@@ -41,6 +42,10 @@ from queryserve.types import Array
 RERANKER_FILE = "reranker.json"
 SEQ2SEQ_FOLDER = "seq2seq"  # the scoring model: CTranslate2's folder and its tokenizer
 SURE = 0.999  # a channel posterior for the words as typed that needs no second opinion
+# A candidate the channel gives less than this is not scored (the words as typed always are):
+# on 1,000 hard-set and 1,000 clean queries, 30% fewer pairs were scored for the same accuracy
+# and false corrections (BENCHMARKS.md, "measured separately").
+UNLIKELY = 0.01
 FEATURES = (
     "channel log posterior", "seq2seq log probability", "seq2seq log probability per token",
     "as typed", "words changed", "outside the channel's reach",
@@ -167,7 +172,8 @@ def candidates(channel: NoisyChannel, scorer: Seq2SeqScorer, queries: Sequence[l
                k: int) -> list[Candidates]:
     """Every query's candidates, the seq2seq run once for the batch's unsure ones."""
     typed = [" ".join(words) for words in queries]
-    proposed = [channel.k_best(words, k, also=[text])
+    proposed = [[(c, p) for c, p in channel.k_best(words, k, also=[text])
+                 if p >= UNLIKELY or c == text]
                 for words, text in zip(queries, typed, strict=True)]
     unsure = [not (h[0][0] == text and h[0][1] >= SURE)
               for text, h in zip(typed, proposed, strict=True)]
