@@ -366,6 +366,10 @@ def test_a_stopped_job_resumes_to_the_same_rows(whole_run: Path, tables: tuple[P
     other = subprocess.run(_batch(*tables, out, "--part-size", "49"), capture_output=True,
                            text=True, timeout=600, cwd=ROOT)
     assert other.returncode == 1 and "different job" in other.stderr  # never mixes two jobs
+    # Texts made of other columns are another job too.
+    other = subprocess.run(_batch(*tables, out, "--part-size", "50", "--ignore-column", "brand"),
+                           capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert other.returncode == 1 and "different job" in other.stderr
     second = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert second.returncode == 0, second.stderr

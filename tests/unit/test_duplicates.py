@@ -93,6 +93,13 @@ def test_tables_in_any_format(tmp_path: Path) -> None:
     assert read_products(tmp_path / "a.csv").texts == ["ipod nano apple", "zune"]
     assert read_products(tmp_path / "b.jsonl").ids == ["0"]  # row numbers without an id
     assert read_products(tmp_path / "c.parquet").texts == ["kindle"]
+    # A column left out of the texts (any case), the ids kept.
+    (tmp_path / "f.csv").write_text("id#title#Description\n7#ipod nano#tiny music player\n")
+    assert read_products(tmp_path / "f.csv").texts == ["ipod nano tiny music player"]
+    assert read_products(tmp_path / "f.csv", ["description"]).texts == ["ipod nano"]
+    assert read_products(tmp_path / "f.csv", ["DESCRIPTION "]).ids == ["7"]
+    with pytest.raises(DuplicatesError, match="no title column"):
+        read_products(tmp_path / "f.csv", ["title"])
     (tmp_path / "d.csv").write_text("id,title\n1,a\n1,b\n")
     with pytest.raises(DuplicatesError, match="repeats ids"):
         read_products(tmp_path / "d.csv")

@@ -67,6 +67,9 @@ class BatchOptions:
     part_size: int = 2_000  # seconds of the cross-encoder on two cores; the head: a blink
     max_parts: int | None = None  # score at most this many parts in this run, then stop
     one_to_one: bool = False  # across two tables: a product is the duplicate of one at most
+    # Columns left out of each product's text: those the model never read in training (a
+    # description, where its training records had none) mislead it more than they inform.
+    ignore_columns: tuple[str, ...] = ()
     engine: str = "local"
     ray_address: str | None = None
     progress: bool = True
@@ -94,7 +97,8 @@ def _fingerprint(inputs: Sequence[Path], options: BatchOptions) -> dict[str, obj
             "head": hashlib.sha256((options.blocking / HEAD).read_bytes()).hexdigest()[:16],
             "block_k": options.block_k, "prefilter": options.prefilter,
             "part_size": options.part_size,
-            "threshold": options.threshold, "min_probability": options.min_probability}
+            "threshold": options.threshold, "min_probability": options.min_probability,
+            "ignore_columns": sorted(c.lower().strip() for c in options.ignore_columns)}
 
 
 def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> Array:
@@ -201,7 +205,8 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
     work = output.with_name(output.name + ".parts")
     if output.exists() and not work.exists():
         raise DuplicatesError(f"{output} already exists; remove it or choose another output")
-    tables = [read_products(p) for p in inputs]  # bad tables are refused before any work
+    # Bad tables are refused before any work.
+    tables = [read_products(p, options.ignore_columns) for p in inputs]
     threshold = model_threshold if options.threshold is None else options.threshold
     minimum = threshold if options.min_probability is None else options.min_probability
     job = Job(work, options.model, options.blocking, cross, len(inputs), options.part_size,

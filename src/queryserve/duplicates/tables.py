@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +55,8 @@ def _rows(path: Path) -> list[dict[str, object]]:
         return list(csv.DictReader(f, delimiter=separator))
 
 
-def read_products(path: Path) -> Products:
+def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
+    """A table's products, each as one text; the `ignore` columns (any case) left out of it."""
     if not path.is_file():
         raise DuplicatesError(f"{path} does not exist")
     if path.suffix.lower() not in READS:
@@ -63,6 +64,10 @@ def read_products(path: Path) -> Products:
     rows = _rows(path)
     if not rows:
         raise DuplicatesError(f"{path} holds no products")
+    if ignore:
+        left_out = {name.lower().strip() for name in ignore}
+        rows = [{k: v for k, v in row.items() if str(k).lower().strip() not in left_out}
+                for row in rows]
     columns = {str(k).lower().strip() for k in rows[0]}
     if not columns & set(TITLE_COLUMNS):
         if any("\ufffd" in name or not name.isprintable() for name in columns):
