@@ -115,8 +115,8 @@ def pairs_file() -> Path:
 
 
 def measure() -> dict[str, Any]:
-    """The methods' F1, both served models' F1 over HTTP, the cross-encoder's serving latency,
-    and the batch job on the three datasets' full tables."""
+    """The methods' F1, both served models' F1 over HTTP and serving latency, and the batch
+    job on the three datasets' full tables."""
     from queryserve.prepare import BI_MODEL, DUPLICATES_MODEL
 
     head_out = OUT / "duplicates" / "head"

@@ -35,7 +35,7 @@ from typing import Any
 
 from queryserve.duplicates.distil import Example, neighbour_pairs, teacher_probabilities
 from queryserve.duplicates.products import DATA, DATASETS, DuplicatesError, LabelledPair
-from queryserve.duplicates.train import evaluate, load_splits, valid_line
+from queryserve.duplicates.train import Splits, evaluate, load_splits, valid_line
 from queryserve.pipelines.pairs.features import hinted
 from queryserve.progress import milestone, progress_bar
 from queryserve.training import cpu_copy, resolve_device, update, warmup_then_linear
@@ -121,8 +121,7 @@ class _CrossEncoder:
         return out
 
 
-def _examples(splits: dict[str, dict[str, list[LabelledPair]]], recipe: CrossEncoderRecipe,
-              device: Any) -> tuple[list[Example], int]:
+def _examples(splits: Splits, recipe: CrossEncoderRecipe, device: Any) -> tuple[list[Example], int]:
     """The train pairs with their labels and, with teachers, the unlabelled neighbours of
     their products with the teachers' mean probability; and how many of those there are."""
     examples = [Example(p.left, p.right, float(p.label))
