@@ -11,6 +11,7 @@ BENCHMARKS.md by `queryserve eval spell`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -252,6 +253,19 @@ def test_hybrid_is_trained_and_served_as_it_corrects_in_process(
         assert all(0.0 <= v <= 1.0 for v in outcome.values())
     weights = json.loads((hybrid_folder / "reranker.json").read_text())
     assert len(weights["hidden"]) == len(FEATURES) == len(weights["mean"])
+    # Fitted on the scores of the type it is served with; sure corrections are the channel's.
+    assert weights["compute_type"] == record["compute_type"] == "int8"
+    assert weights["channel_sure"] == record["channel_sure"] == 0.99
+    assert set(record["handed_to_the_channel"]["0.99"]) == {
+        "queries", "channel_right", "network_right", "clean_changed"}
+    # A reranker.json written before those two fields is served as it was fitted.
+    from queryserve.backends.noisy_channel.rerank import RerankerWeights
+
+    older = tmp_path / "reranker.json"
+    older.write_text(json.dumps({k: v for k, v in weights.items()
+                                 if k not in ("compute_type", "channel_sure")}))
+    assert (RerankerWeights.load(older).compute_type,
+            RerankerWeights.load(older).channel_sure) == ("float32", None)
     assert (hybrid_folder / "seq2seq" / "ctranslate2" / "model.bin").is_file()
 
     # The last is longer than the seq2seq's 128 positions: the channel answers it alone.
@@ -268,13 +282,26 @@ def test_hybrid_is_trained_and_served_as_it_corrects_in_process(
     from queryserve.backends.noisy_channel.rerank import UNLIKELY, candidates
 
     for words, found in zip([q.split() for q in QUERIES], candidates(
-            hybrid.channel, hybrid.scorer, [q.split() for q in QUERIES], 3), strict=True):
+            hybrid.channel, hybrid.scorer, [q.split() for q in QUERIES], hybrid.weights),
+            strict=True):
         typed = " ".join(words)
         assert typed in found.texts
         assert all(p >= UNLIKELY for t, p in zip(found.texts, found.posteriors, strict=True)
                    if t != typed)
         every = hybrid.channel.k_best(words, 3, also=[typed])
         assert len(found.texts) == sum(p >= UNLIKELY or t == typed for t, p in every)
+    # A correction the channel is sure of is not scored, and its answer and posterior stand:
+    # with channel_sure 0 that is every correction the channel proposes.
+    trusting = HybridCorrector(hybrid.channel, hybrid.scorer,
+                               dataclasses.replace(hybrid.weights, channel_sure=0.0))
+    proposed = hybrid.channel.correct(QUERIES)
+    assert any(c.changed for c in proposed)
+    for c, found, answer in zip(proposed, candidates(
+            hybrid.channel, hybrid.scorer, [q.split() for q in QUERIES], trusting.weights),
+            trusting.correct(QUERIES), strict=True):
+        if c.changed:
+            assert not len(found.features)
+            assert (answer.corrected, answer.score) == (c.corrected, c.score)
     server = start_server(hybrid_folder.parent, tmp_path / "server.log")
     try:
         # One request, and one query per request: the batcher's batches answer the same.

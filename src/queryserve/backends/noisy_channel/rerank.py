@@ -8,17 +8,21 @@ both into 15 numbers per candidate, most of them relative to the other candidate
 words as typed. A network of one hidden layer (`RerankerWeights`, fitted by `queryserve train
 spell-hybrid` on development queries that neither model saw) maps them to P(candidate is
 right); the likeliest candidate is the answer and that probability its score. Below an
-auto-correct threshold the query stands (0.8 held false corrections under 1% on the
-development split; a search pipeline's `min_score`), the answer a "did you mean" at most.
+auto-correct threshold the query stands (0.8: 0.86% false corrections on `eval spell`'s clean
+queries; a search pipeline's `min_score`), the answer a "did you mean" at most.
 
 Where the channel is sure the words are right as typed (posterior >= `SURE`), the seq2seq is
 not run and the channel's posterior is the score: most correctly typed queries take that path,
-at the channel's speed. Scoring is the expensive step (each candidate encodes the query
-again), so a candidate the channel all but rules out (`UNLIKELY`) is not scored, and `k` is 3:
-on `eval spell`'s sets 3 did as well as 8, and the seq2seq's own greedy answer as one more
-candidate (4 ms a query) gained 0.7 to 1.6 points. Served, it is still about 4x slower than
-the channel at p99 (BENCHMARKS.md section 8): hence `spell-hybrid` beside the default
-`spell`, not in its place.
+at the channel's speed. Where it is as sure of a correction (posterior >= the fit's
+`channel_sure`, 0.99: `spell.hybrid.CHANNEL_SURE` says how it was chosen), the seq2seq is not
+run either and the channel's answer and posterior stand: there the network was no more often
+right. Scoring is the expensive step
+(each candidate encodes the query again), so a candidate the channel all but rules out
+(`UNLIKELY`) is not scored, `k` is 3 (on `eval spell`'s sets 3 did as well as 8, and the
+seq2seq's own greedy answer as one more candidate, 4 ms a query, gained 0.7 to 1.6 points),
+and the seq2seq scores in int8 on one thread (`compute_type`, the type the network was fitted
+on): 2.2x less CPU a query than float32 on one thread, and CTranslate2's int8 on two threads
+was 3x slower than on one on these two cores (BENCHMARKS.md, "measured separately").
 
 Why both models: the channel knows the catalog's words and how people mistype them; the
 seq2seq reads the whole query at once, and the network learns where each is right.
@@ -61,7 +65,10 @@ candidate, is the channel's alone."""
 
 @dataclass(frozen=True)
 class RerankerWeights:
-    """The fitted network: features standardised (`mean`, `scale`), one ReLU layer, a sigmoid."""
+    """The fitted network: features standardised (`mean`, `scale`), one ReLU layer, a sigmoid;
+    and how it is asked: the seq2seq's CTranslate2 `compute_type` its features came from, and
+    the channel posterior of a correction at which the channel answers alone (`channel_sure`;
+    None: never). Both default to what a reranker.json written before them meant."""
     k: int  # the channel's candidates per query
     mean: list[float]
     scale: list[float]
@@ -69,6 +76,15 @@ class RerankerWeights:
     hidden_bias: list[float]
     out: list[float]
     out_bias: float
+    compute_type: str = "float32"
+    channel_sure: float | None = None
+
+    def channel_alone(self, typed: str, best: tuple[str, float]) -> bool:
+        """Whether the channel's best hypothesis stands without the seq2seq: the words as
+        typed, or a correction, that the channel is sure of."""
+        text, posterior = best
+        return posterior >= SURE if text == typed else \
+            self.channel_sure is not None and posterior >= self.channel_sure
 
     @cached_property
     def _arrays(self) -> tuple[Array, Array, Array, Array, Array]:
@@ -124,16 +140,18 @@ class Seq2SeqScorer:
     """A served seq2seq corrector's CTranslate2 model and tokenizer, as the re-ranker uses it:
     log P(candidate | query) for any candidates."""
 
-    def __init__(self, folder: Path, threads: int = 1) -> None:
+    def __init__(self, folder: Path, compute_type: str = "float32", threads: int = 1) -> None:
         import ctranslate2
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        # `threads`: the instance's share of the cores (the server's intra-op budget). The CPU
-        # even beside a GPU, so that the scores are those the network was fitted on (float32
-        # on a CPU) wherever it is served; a GPU's was not measured.
-        self.translator = ctranslate2.Translator(str(folder / "ctranslate2"), device="cpu",
-                                                 inter_threads=1, intra_threads=threads)
+        # `threads`: the instance's share of the cores (the server's intra-op budget), for
+        # float32; int8 takes one, as it was 3x slower on two. The CPU even beside a GPU, so
+        # that the scores are those the network was fitted on (`compute_type` on a CPU)
+        # wherever it is served; a GPU's were not measured.
+        self.translator = ctranslate2.Translator(
+            str(folder / "ctranslate2"), device="cpu", compute_type=compute_type,
+            inter_threads=1, intra_threads=threads if compute_type == "float32" else 1)
 
     def _tokens(self, texts: Sequence[str]) -> list[list[str]]:
         return [e.tokens for e in self.tokenizer.encode_batch(list(texts))]
@@ -160,8 +178,8 @@ class Seq2SeqScorer:
 @dataclass(frozen=True)
 class Candidates:
     """One query's candidates and the evidence on each. `features` is empty where the
-    seq2seq was not asked: the channel is sure of the words as typed (posterior >= `SURE`),
-    or the query is longer than the seq2seq reads; then the channel's answer stands."""
+    seq2seq was not asked (`RerankerWeights.channel_alone`, or the query is longer than the
+    seq2seq reads); then the channel's answer stands."""
     typed: str
     texts: list[str]
     posteriors: list[float]
@@ -169,14 +187,14 @@ class Candidates:
 
 
 def candidates(channel: NoisyChannel, scorer: Seq2SeqScorer, queries: Sequence[list[str]],
-               k: int) -> list[Candidates]:
+               weights: RerankerWeights) -> list[Candidates]:
     """Every query's candidates, the seq2seq run once for the batch's unsure ones."""
     typed = [" ".join(words) for words in queries]
-    proposed = [[(c, p) for c, p in channel.k_best(words, k, also=[text])
+    proposed = [[(c, p) for c, p in channel.k_best(words, weights.k, also=[text])
                  if p >= UNLIKELY or c == text]
                 for words, text in zip(queries, typed, strict=True)]
-    unsure = [not (h[0][0] == text and h[0][1] >= SURE)
-              for text, h in zip(typed, proposed, strict=True)]
+    unsure = [not weights.channel_alone(text, h[0]) for text, h in zip(typed, proposed,
+                                                                        strict=True)]
     scores = iter(scorer.log_probs([(text, c) for text, hypotheses, ask
                                     in zip(typed, proposed, unsure, strict=True)
                                     if ask for c, _ in hypotheses]))
@@ -189,13 +207,13 @@ def candidates(channel: NoisyChannel, scorer: Seq2SeqScorer, queries: Sequence[l
             continue
         pairs = [s for s in scored if s is not None]
         out.append(Candidates(text, texts, posteriors, features(
-            text, texts, posteriors, [s for s, _ in pairs], [n for _, n in pairs], k)))
+            text, texts, posteriors, [s for s, _ in pairs], [n for _, n in pairs], weights.k)))
     return out
 
 
 def choose(weights: RerankerWeights, c: Candidates) -> tuple[str, float]:
     """The likeliest candidate and its probability (the channel's, where it alone answers)."""
-    if not len(c.features):
+    if not len(c.features) or weights.channel_alone(c.typed, (c.texts[0], c.posteriors[0])):
         return c.texts[0], c.posteriors[0]
     p = weights.probabilities(c.features)
     best = int(p.argmax())
@@ -214,14 +232,15 @@ class HybridCorrector:
 
     @classmethod
     def load(cls, folder: Path, threads: int = 2) -> HybridCorrector:
-        return cls(NoisyChannel.load(folder), Seq2SeqScorer(folder / SEQ2SEQ_FOLDER, threads),
-                   RerankerWeights.load(folder / RERANKER_FILE))
+        weights = RerankerWeights.load(folder / RERANKER_FILE)
+        return cls(NoisyChannel.load(folder), Seq2SeqScorer(
+            folder / SEQ2SEQ_FOLDER, weights.compute_type, threads), weights)
 
     def correct_words(self, queries: Sequence[list[str]]) -> list[tuple[str, float]]:
         """The answer for each query's words, and its probability (an empty query is itself,
         for sure)."""
         worded = iter(candidates(self.channel, self.scorer, [w for w in queries if w],
-                                 self.weights.k))
+                                 self.weights))
         return [choose(self.weights, next(worded)) if words else ("", 1.0) for words in queries]
 
     def correct(self, queries: Sequence[str]) -> list[Correction]:
