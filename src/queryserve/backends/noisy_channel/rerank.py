@@ -16,13 +16,13 @@ not run and the channel's posterior is the score: most correctly typed queries t
 at the channel's speed. Where it is as sure of a correction (posterior >= the fit's
 `channel_sure`, 0.99: `spell.hybrid.CHANNEL_SURE` says how it was chosen), the seq2seq is not
 run either and the channel's answer and posterior stand: there the network was no more often
-right. Scoring is the expensive step
-(each candidate encodes the query again), so a candidate the channel all but rules out
-(`UNLIKELY`) is not scored, `k` is 3 (on `eval spell`'s sets 3 did as well as 8, and the
-seq2seq's own greedy answer as one more candidate, 4 ms a query, gained 0.7 to 1.6 points),
-and the seq2seq scores in int8 on one thread (`compute_type`, the type the network was fitted
-on): 2.2x less CPU a query than float32 on one thread, and CTranslate2's int8 on two threads
-was 3x slower than on one on these two cores (BENCHMARKS.md, "measured separately").
+right. Scoring is the expensive step (each candidate encodes the query again), so a candidate
+the channel all but rules out (`UNLIKELY`) is not scored, `k` is 3 (on `eval spell`'s sets 3
+did as well as 8, and the seq2seq's own greedy answer as one more candidate, 4 ms a query,
+gained 0.7 to 1.6 points), and the seq2seq scores in int8 on one thread (`compute_type`, the
+type the network was fitted on): 2.2x less CPU a query than float32 on one thread, and
+CTranslate2's int8 on two threads was 3x slower than on one on these two cores (BENCHMARKS.md,
+"measured separately"). Encoding the query once in ONNX Runtime was no faster than that.
 
 Why both models: the channel knows the catalog's words and how people mistype them; the
 seq2seq reads the whole query at once, and the network learns where each is right.
