@@ -43,7 +43,7 @@ import numpy as np
 from rich.progress import Progress
 
 from queryserve.duplicates.job import Job, blocking_probabilities, score_part
-from queryserve.duplicates.products import DuplicatesError
+from queryserve.duplicates.products import DuplicatesError, column_name
 from queryserve.duplicates.tables import WRITES, Products, read_pairs, read_products, write_pairs
 from queryserve.pipelines.pairs.features import model_codes
 from queryserve.pipelines.pairs.head import FILE as HEAD
@@ -98,7 +98,7 @@ def _fingerprint(inputs: Sequence[Path], options: BatchOptions) -> dict[str, obj
             "block_k": options.block_k, "prefilter": options.prefilter,
             "part_size": options.part_size,
             "threshold": options.threshold, "min_probability": options.min_probability,
-            "ignore_columns": sorted(c.lower().strip() for c in options.ignore_columns)}
+            "ignore_columns": sorted(column_name(c) for c in options.ignore_columns)}
 
 
 def block(vectors: Sequence[Array], texts: Sequence[Sequence[str]], k: int) -> Array:

@@ -41,10 +41,15 @@ def _first(row: Mapping[str, object], names: tuple[str, ...]) -> str:
     return ""
 
 
+def column_name(name: object) -> str:
+    """A table's column name as matched: any case, no surrounding spaces."""
+    return str(name).lower().strip()
+
+
 def product_text(row: Mapping[str, object]) -> str:
     """The text of one product: title, brand and model number (unless the title holds them),
     and the description's first characters. Keys are matched case-insensitively."""
-    row = {str(k).lower().strip(): v for k, v in row.items()}
+    row = {column_name(k): v for k, v in row.items()}
     title = _first(row, TITLE_COLUMNS)
     parts = [title]
     lowered = title.lower()

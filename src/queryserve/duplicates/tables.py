@@ -13,7 +13,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from queryserve.duplicates.products import TITLE_COLUMNS, DuplicatesError, product_text
+from queryserve.duplicates.products import (
+    TITLE_COLUMNS,
+    DuplicatesError,
+    column_name,
+    product_text,
+)
 
 READS = (".csv", ".tsv", ".txt", ".parquet", ".jsonl")
 WRITES = (".parquet", ".csv")
@@ -65,10 +70,10 @@ def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
     if not rows:
         raise DuplicatesError(f"{path} holds no products")
     if ignore:
-        left_out = {name.lower().strip() for name in ignore}
-        rows = [{k: v for k, v in row.items() if str(k).lower().strip() not in left_out}
+        left_out = {column_name(name) for name in ignore}
+        rows = [{k: v for k, v in row.items() if column_name(k) not in left_out}
                 for row in rows]
-    columns = {str(k).lower().strip() for k in rows[0]}
+    columns = {column_name(k) for k in rows[0]}
     if not columns & set(TITLE_COLUMNS):
         if any("\ufffd" in name or not name.isprintable() for name in columns):
             raise DuplicatesError(f"{path} does not read as a text table (its first line is not "
