@@ -183,7 +183,10 @@ class NoisyChannel:
         self.unigrams = tables.unigrams
         # P(word) = (count + 0.1) / (all counts + 0.1 per word): the denominator, once.
         self.unigram_total = sum(self.unigrams.values()) + 0.1 * len(self.unigrams)
-        self.context = {a: (sum(c.values()), len(c)) for a, c in tables.bigrams.items()}
+        # Each context word's followers, how often it is followed, and the back-off weight of
+        # the unigram in P(word | it) (`language_after`).
+        self.context = {a: (c, sum(c.values()), DISCOUNT * len(c) / sum(c.values()))
+                        for a, c in tables.bigrams.items()}
         self.letters = "".join(sorted({c for word in self.unigrams for c in word}))
         self.by_length: dict[int, list[str]] = defaultdict(list)
         for word in sorted(self.unigrams):
@@ -197,9 +200,11 @@ class NoisyChannel:
         # Candidates depend on the typed word only: head words repeat across queries.
         self.candidates = lru_cache(maxsize=1 << 16)(self._candidates)
         self.splits = lru_cache(maxsize=1 << 16)(self._splits)
+        # So do the words the context proposes for a typed word, each scored by an alignment.
+        self.channel = lru_cache(maxsize=1 << 17)(self._channel)
         self.space = math.log(p.p_space)
         # Each word's likeliest next words, with their share of what follows it.
-        self.next_words = {a: tuple((w, c[w] / self.context[a][0])
+        self.next_words = {a: tuple((w, c[w] / self.context[a][1])
                                     for w in heapq.nlargest(CONTEXT_NEXT, c, key=c.__getitem__)
                                     if w != END)
                            for a, c in tables.bigrams.items()}
@@ -221,15 +226,26 @@ class NoisyChannel:
 
     def language(self, previous: str, word: str) -> float:
         """log P(word | previous word), bigrams interpolated with unigrams."""
-        unigram = self.unigram(word) if word != END else 0.1
-        seen = self.context.get(previous)
-        if seen is None:
-            return math.log(unigram)
-        total, types = seen
-        count = self.tables.bigrams[previous].get(word, 0)
-        return math.log(max(count - DISCOUNT, 0) / total + DISCOUNT * types / total * unigram)
+        return self.language_after((previous,), word)[previous]
 
-    def channel(self, typed: str, word: str) -> float:
+    def language_after(self, previous: Iterable[str], word: str) -> dict[str, float]:
+        """log P(word | p) for each previous word p: the lattice asks for every state of a
+        column at once, and the word's unigram is the same for all of them."""
+        unigram = self.unigram(word) if word != END else 0.1
+        alone = math.log(unigram)
+        scores: dict[str, float] = {}
+        for p in previous:
+            seen = self.context.get(p)
+            if seen is None:
+                scores[p] = alone
+                continue
+            followers, total, backoff = seen
+            count = followers.get(word)
+            scores[p] = math.log((count - DISCOUNT) / total + backoff * unigram) \
+                if count else math.log(backoff * unigram)
+        return scores
+
+    def _channel(self, typed: str, word: str) -> float:
         """log P(typed | word): the typo model's probability of these edits."""
         if typed == word:
             return self.keep
@@ -370,7 +386,7 @@ class NoisyChannel:
                 self._extend(columns[-2], (joined[0],), joined[1], column, k)
             columns.append(column)
         best, forward = columns[-1].best, columns[-1].forward
-        final = {previous: self.language(previous, END) for previous in best}
+        final = self.language_after(best, END)
         total = _logsumexp([forward[p] + s for p, s in final.items()])
         ended = [(" ".join(meant), score) for score, meant in
                  _top([(score + final[p], meant) for p, paths in best.items()
@@ -399,8 +415,8 @@ class NoisyChannel:
         `channel` scores: the `k` best to the state's kept paths, all of them to the forward
         sum."""
         inner = sum(self.language(a, b) for a, b in itertools.pairwise(meant)) + channel
-        scores = {previous: self.language(previous, meant[0]) + inner
-                  for previous in before.best}
+        scores = {previous: score + inner
+                  for previous, score in self.language_after(before.best, meant[0]).items()}
         last = meant[-1]
         if k == 1:  # the served path: one best path, no merging (a loop: the hot spot)
             score = -math.inf
