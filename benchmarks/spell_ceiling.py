@@ -1,6 +1,6 @@
 """How far any re-ranker of the noisy channel's hypotheses could go: the share of `eval spell`'s
 misspelled queries whose meant query is among the channel's k likeliest (`NoisyChannel.k_best`),
-by set and by group (edits in the typo; "real": a real misspelling placed in the query).
+by set and by group (`Typo.group`, as `eval spell` reports them).
 
 A re-ranker, however good, answers with one of its candidates, so this share at a k is its
 ceiling with those candidates and no auto-correct threshold; a threshold that keeps false
@@ -23,7 +23,7 @@ from queryserve.api import normalized  # noqa: E402
 from queryserve.backends.noisy_channel.channel import NoisyChannel  # noqa: E402
 from queryserve.spell.data import DATA  # noqa: E402
 from queryserve.spell.evaluate import SpellSets  # noqa: E402
-from queryserve.spell.typos import REAL, Typo  # noqa: E402
+from queryserve.spell.typos import Typo  # noqa: E402
 
 KS = (1, 3, 10, 30)
 
@@ -34,9 +34,8 @@ def ceiling(channel: NoisyChannel, typos: list[Typo]) -> dict[str, Counter[int |
     found: dict[str, Counter[int | str]] = {}
     for typo in typos:
         best = [text for text, _ in channel.k_best(normalized(typo.typed).split(), max(KS))]
-        group = "real" if REAL in typo.kinds else "3+" if typo.edits >= 3 else str(typo.edits)
         meant = normalized(typo.meant)
-        for key in ("all", group):
+        for key in ("all", typo.group):
             counts = found.setdefault(key, Counter())
             counts["n"] += 1
             for k in KS:

@@ -18,7 +18,7 @@ from queryserve.api import Correction, normalized
 from queryserve.spell.corrector import Confident, Corrector
 from queryserve.spell.evaluate import SpellSets
 from queryserve.spell.intervals import Rate
-from queryserve.spell.typos import REAL, Typo
+from queryserve.spell.typos import Typo
 
 CHUNK = 256
 """Texts per call to a corrector, so that a progress display can move."""
@@ -109,8 +109,7 @@ def _set_score(said: Mapping[str, Correction], typos: Sequence[Typo]) -> SetScor
     right = [said[t.typed].corrected == normalized(t.meant) for t in typos]
     groups: dict[str, list[bool]] = {}
     for ok, typo in zip(right, typos, strict=True):
-        group = "real" if REAL in typo.kinds else "3+" if typo.edits >= 3 else str(typo.edits)
-        groups.setdefault(group, []).append(ok)
+        groups.setdefault(typo.group, []).append(ok)
     order = {"1": 0, "2": 1, "3+": 2, "real": 3}
     return SetScore(Rate.of(right), {g: Rate.of(groups[g])
                                      for g in sorted(groups, key=lambda g: order.get(g, 9))})

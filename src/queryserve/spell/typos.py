@@ -62,6 +62,12 @@ class Typo:
     kinds: tuple[str, ...]
     edits: int
 
+    @property
+    def group(self) -> str:
+        """The group `eval spell` reports it in: "real" for a real misspelling, else its
+        number of edits ("1", "2", "3+")."""
+        return "real" if REAL in self.kinds else "3+" if self.edits >= 3 else str(self.edits)
+
 
 @dataclass(frozen=True)
 class TypoGenerator:
