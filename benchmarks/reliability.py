@@ -16,8 +16,9 @@ RELIABILITY.md shows them, in this order:
 
 `--quick` runs each with small counts and short phases (a check that it runs, not figures to
 publish). `--only a,b` re-measures those scenarios and keeps the others' figures from the last
-run's bench-out/reliability/reliability.json. A scenario that fails is reported as failed and
-the others still run; the exit status is then 1.
+run's bench-out/reliability/reliability.json or, where this checkout has none (a fresh clone),
+their sections as the report has them. A scenario that fails is reported as failed and the
+others still run; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -95,12 +96,34 @@ def section(number: int, name: str, figures: dict[str, Any] | None) -> list[str]
     return [*lines, *module.render(figures), "", *(f"- {v}" for v in figures["verdicts"]), ""]
 
 
-def overview(figures: dict[str, Any]) -> list[str]:
+def earlier_report(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each scenario's overview row and section as the report at `path` has them: what
+    `--only` keeps of the others where no earlier run's JSON is here (a fresh clone), rather
+    than write them as not measured."""
+    if not path.is_file():
+        return {}
+    text = path.read_text().splitlines()
+    kept = {}
+    for number, name in enumerate(SCENARIOS, 1):
+        row = next((line for line in text if line.startswith(f"| {number}. {name} |")), None)
+        start = next((i for i, line in enumerate(text) if line.startswith(f"## {number}. ")),
+                     None)
+        if row is None or start is None:
+            continue
+        end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")),
+                   len(text))
+        body = text[start:end]
+        kept[name] = (row, body if body[-1] == "" else [*body, ""])
+    return kept
+
+
+def overview(figures: dict[str, Any], earlier: dict[str, tuple[str, list[str]]]) -> list[str]:
     lines = ["| scenario | verdicts | measured (UTC, mode) |", "|---|---|---|"]
     for number, name in enumerate(SCENARIOS, 1):
         f = figures.get(name)
         if f is None:
-            lines.append(f"| {number}. {name} | not measured | |")
+            lines.append(earlier[name][0] if name in earlier
+                         else f"| {number}. {name} | not measured | |")
             continue
         verdicts = f.get("verdicts", [])
         missed = sum(v.startswith("**missed**") for v in verdicts)
@@ -134,6 +157,7 @@ def main() -> int:
     started = time.monotonic()
     figures: dict[str, Any] = (json.loads(FIGURES.read_text())
                                if args.only and FIGURES.is_file() else {})
+    earlier = earlier_report(args.out) if args.only else {}
     mode = Mode(quick=args.quick)
     for name in SCENARIOS:
         if not args.only or name in args.only:
@@ -151,10 +175,11 @@ def main() -> int:
         "bounded in count and time; every number below was measured by the scenario's run",
         "(bench-out/reliability/ keeps its JSON, the server logs and the `queryserve bench`",
         "results). A target missed says **missed**: nothing is left out.", "",
-        *overview(figures), "",
+        *overview(figures, earlier), "",
     ]
     for number, name in enumerate(SCENARIOS, 1):
-        lines += section(number, name, figures.get(name))
+        kept = name not in figures and name in earlier
+        lines += earlier[name][1] if kept else section(number, name, figures.get(name))
     args.out.write_text("\n".join(lines))
     log(f"wrote {args.out}")
     return 1 if any("error" in f for f in figures.values()) else 0

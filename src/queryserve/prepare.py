@@ -270,7 +270,9 @@ def prepare_duplicates(repository: Path, force: bool = False,
         return
     source = _trained_source(source_dir, "duplicates cross-encoder", "duplicates", "pair")
     from queryserve.optimize.encoder import optimize_encoder
+    from queryserve.optimize.gate import Decision
     from queryserve.optimize.plan import Plan
+    from queryserve.pipelines.pairs.cross import DUPLICATE
 
     trained = json.loads((source_dir / "TRAINING.json").read_text())
     hints = bool(trained["recipe"].get("hints", False))
@@ -284,8 +286,10 @@ def prepare_duplicates(repository: Path, force: bool = False,
     config = DUPLICATES_YAML % {"length": source.max_length, "labels": ",".join(source.labels),
                                 "threshold": float(trained["threshold"]),
                                 "hints": str(hints).lower()}
+    # The gate checks the decision at the threshold it is served at, not the top-1 label (0.5).
+    decision = Decision(source.labels.index(DUPLICATE), float(trained["threshold"]))
     plan = Plan(source, ("int8",), pairs("test"), pairs("train"), model_config=config,
-                extra=_trained(source_dir))
+                extra=_trained(source_dir), decision=decision)
     optimize_encoder(plan, target, progress=progress)
 
 

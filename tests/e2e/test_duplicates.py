@@ -185,6 +185,11 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
     assert got == pytest.approx(in_process.tolist(), abs=1e-5)
     assert body["threshold"] == json.loads((trained / "TRAINING.json").read_text())["threshold"]
     assert [r["duplicate"] for r in body["results"]] == [p >= body["threshold"] for p in got]
+    # Its gate checked the decision at that threshold, not the top-1 label's (0.5).
+    report = json.loads((repository / "duplicates" / "prepare.json").read_text())
+    assert {v["parity"]["threshold"] for v in report["variants"] if v["parity"]} \
+        == {body["threshold"]}
+    assert f"decision at {body['threshold']:g}" in report["reason"]
     # KServe v2, as tritonclient sends it: two BYTES inputs.
     import tritonclient.http as triton
 

@@ -7,8 +7,9 @@ dynamic int8 quantizes activations per tensor, so an item's output depends on wh
 its batch, and the gate has to hold for the batches the server forms.
 - embed: cosine of the embeddings (fp32: mean >= 0.9999; reduced precision: mean >= 0.99 and
   min >= 0.97) and, for normalising models, unit rows;
-- classify and pair: agreement of the top-1 label (fp32: >= 99.9% and probabilities within
-  1e-3; reduced precision: >= 99%).
+- classify and pair: agreement of the top-1 label, or of the decision at the served threshold
+  where the plan gives one (fp32: >= 99.9% and probabilities within 1e-3; reduced precision:
+  >= 99%).
 The original is sentence-transformers itself for a sentence-transformers folder (the embed
 task), and otherwise the Hugging Face model in PyTorch wrapped with the same pooling or softmax
 as the graph (`export.wrap`).
@@ -23,6 +24,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,7 @@ from queryserve.optimize.gate import (
     REDUCED_MIN_AGREEMENT,
     REDUCED_MIN_MEAN,
     REDUCED_MIN_MIN,
+    Decision,
     Parity,
     bounds_met,
     compare,
@@ -195,16 +198,18 @@ def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequenc
 
 def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
             reference: Floats, precision: Precision, batch_sizes: Sequence[int], *,
-            metric: str = "cosine", normalized: bool = True) -> Parity:
+            metric: str = "cosine", normalized: bool = True,
+            decision: Decision | None = None) -> Parity:
     output = session.get_outputs()[0].name
     _check_contract(session, output, reference.shape[1])
-    results = [compare(metric, _outputs(session, tokenizer, items, b), reference, normalized)
-               for b in batch_sizes]
+    results = [compare(metric, _outputs(session, tokenizer, items, b), reference, normalized,
+                       decision) for b in batch_sizes]
     mean = min(r[0] for r in results)
     minimum = min(r[1] for r in results)
     error = max(r[2] for r in results)
-    draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True)
-    return Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), bounds_met(draft))
+    threshold = None if decision is None else decision.threshold
+    draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True, threshold)
+    return replace(draft, passed=bounds_met(draft))
 
 
 def parity(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], reference: Floats, *,
@@ -321,7 +326,7 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
         steps.next("parity of fp32")
         results = {"fp32": _parity(_session(fp32_path), tokenizer, plan.parity_items, reference,
                                    "fp32", plan.parity_batch_sizes, metric=metric,
-                                   normalized=normalized)}
+                                   normalized=normalized, decision=plan.decision)}
         if not results["fp32"].passed:
             raise ExportError(f"the fp32 ONNX export fails its accuracy gate: "
                               f"{results['fp32'].shortfall()} ({results['fp32'].describe()})")
@@ -337,7 +342,7 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                     results[recipe.name] = _parity(
                         _session(built[recipe.name]), tokenizer, plan.parity_items, reference,
                         recipe.precision, plan.parity_batch_sizes, metric=metric,
-                        normalized=normalized)
+                        normalized=normalized, decision=plan.decision)
                 except Exception as error:  # a graph the runtime cannot load or run
                     errors[recipe.name] = f"{type(error).__name__}: {error}"
                     del paths[recipe.name]

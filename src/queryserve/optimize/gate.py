@@ -4,13 +4,15 @@ the bounds each precision must meet.
 - embed: cosine of the embeddings (fp32: mean >= 0.9999; reduced precision: mean >= 0.99 and
   min >= 0.97) and, for normalising models, unit rows;
 - classify and pair: agreement of the top-1 label (fp32: >= 99.9% and probabilities within
-  1e-3; reduced precision: >= 99%);
+  1e-3; reduced precision: >= 99%), or of the decision where the model is served at a
+  threshold of its own (the duplicates cross-encoder: P(duplicate) >= 0.2 is "duplicate");
 - seq2seq: exact match of the generated text (every precision: >= 99% of inputs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -32,15 +34,24 @@ REDUCED_MIN_AGREEMENT = 0.99
 SEQ2SEQ_MIN_EXACT = 0.99  # identical generated text on >= 99% of the inputs, at any precision
 
 
+class Decision(NamedTuple):
+    """How a served pair model decides, where not by its top-1 label: output `column` at or
+    above `threshold`. The gate must hold for the decision users get, and a threshold far from
+    0.5 sits where int8's small shifts of probability flip more decisions."""
+
+    column: int
+    threshold: float
+
+
 @dataclass(frozen=True)
 class Parity:
     """Agreement of a variant with the original, worst case over the batch sizes.
 
     embed: `mean`/`min` are cosines and `max_error` is the largest |norm - 1| (0 when the model
-    does not normalise). classify and pair: `mean` and `min` are both the top-1 agreement and
-    `max_error` is the largest difference of a probability. seq2seq: `mean` and `min` are both
-    the share of inputs whose generated text is identical, and `max_error` is the share that
-    differs.
+    does not normalise). classify and pair: `mean` and `min` are both the top-1 agreement (or
+    the agreement of the decision at `threshold`) and `max_error` is the largest difference of
+    a probability. seq2seq: `mean` and `min` are both the share of inputs whose generated text
+    is identical, and `max_error` is the share that differs.
     """
 
     precision: Precision
@@ -50,6 +61,7 @@ class Parity:
     max_error: float
     batch_sizes: tuple[int, ...]
     passed: bool
+    threshold: float | None = None  # top1: the decision's threshold, if not the top-1 label
 
     @property
     def max_norm_error(self) -> float:
@@ -60,7 +72,7 @@ class Parity:
         if self.metric == "exact":
             return f"identical generated text on {self.mean:.2%} of inputs {sizes}"
         if self.metric == "top1":
-            return (f"top-1 agreement {self.mean:.2%}, max |probability difference| "
+            return (f"{self.agreement_label} {self.mean:.2%}, max |probability difference| "
                     f"{self.max_error:.1e} {sizes}")
         return (f"mean cosine {self.mean:.6f}, min {self.min:.6f}, max |norm-1| "
                 f"{self.max_error:.1e} {sizes}")
@@ -69,8 +81,14 @@ class Parity:
         if self.metric == "exact":
             return f"exact match {self.mean:.2%}"
         if self.metric == "top1":
-            return f"top-1 {self.mean:.2%}, max |dp| {self.max_error:.1e}"
+            return f"{self.agreement_label} {self.mean:.2%}, max |dp| {self.max_error:.1e}"
         return f"cos mean {self.mean:.5f} min {self.min:.5f}"
+
+    @property
+    def agreement_label(self) -> str:
+        """What a top1 parity counts: the top-1 label, or the decision at `threshold`."""
+        return ("top-1 agreement" if self.threshold is None
+                else f"agreement of the decision at {self.threshold:g}")
 
     def shortfall(self) -> str:
         """What the variant missed its gate by, or '' if it passed."""
@@ -89,7 +107,7 @@ def _bounds(parity: Parity) -> list[tuple[str, float, float, bool]]:
     if parity.metric == "exact":
         return [("exact match", parity.mean, SEQ2SEQ_MIN_EXACT, True)]
     if parity.metric == "top1":
-        bounds = [("top-1 agreement", parity.mean,
+        bounds = [(parity.agreement_label, parity.mean,
                    FP32_MIN_AGREEMENT if fp32 else REDUCED_MIN_AGREEMENT, True)]
         if fp32:
             bounds.append(("max |probability difference|", parity.max_error,
@@ -108,13 +126,18 @@ def bounds_met(parity: Parity) -> bool:
     return all(((v >= b) if higher else (v <= b)) for _, v, b, higher in _bounds(parity))
 
 
-def compare(metric: str, outputs: Floats, reference: Floats,
-            normalized: bool) -> tuple[float, float, float]:
+def compare(metric: str, outputs: Floats, reference: Floats, normalized: bool,
+            decision: Decision | None = None) -> tuple[float, float, float]:
     """(mean, min, max_error) of one batch size's outputs against the reference."""
     if outputs.shape != reference.shape:
         raise ExportError(f"the encoder returned {outputs.shape}, expected {reference.shape}")
     if metric == "top1":
-        agreement = float(np.mean(outputs.argmax(axis=1) == reference.argmax(axis=1)))
+        if decision is None:
+            agreement = float(np.mean(outputs.argmax(axis=1) == reference.argmax(axis=1)))
+        else:
+            column, threshold = decision
+            agreement = float(np.mean((outputs[:, column] >= threshold)
+                                      == (reference[:, column] >= threshold)))
         error = float(np.nan_to_num(np.abs(outputs - reference), nan=np.inf).max())
         return agreement, agreement, error
     norms = np.linalg.norm(outputs, axis=1)

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from queryserve.errors import ExportError
-from queryserve.optimize.gate import Parity
+from queryserve.optimize.gate import Decision, Parity
 from queryserve.optimize.recipes import Precision
 from queryserve.optimize.source import Source
 
@@ -96,6 +96,7 @@ class Plan:
     force: bool = False  # write the best variant even if none passes its gate
     measure_original: bool = False  # time the PyTorch original for the report
     model_config: str | None = None  # model.yaml to write, or None to keep the folder's own
+    decision: Decision | None = None  # a pair model served at its own threshold (the gate's)
     extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
 
 
