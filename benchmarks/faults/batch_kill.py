@@ -25,9 +25,9 @@ FULL = (TABLES / "amazon-google" / "tables" / "amazon.csv",
         TABLES / "amazon-google" / "tables" / "gp.csv")
 QUICK = (TABLES / "abt-buy" / "tables" / "abt.csv", TABLES / "abt-buy" / "tables" / "buy.csv")
 # Every candidate pair kept (--min-probability 0), so that a lost or repeated part shows; many
-# small parts, so that kills land between and inside them. The job's defaults otherwise: the
-# cross-encoder scores a few hundred of these long pairs a second here, so the bi-encoder's
-# wider `--block-k 100` of before made a 9-minute job whose kills all fell in the scoring.
+# small parts, so that kills land between and inside them. The job's own blocking otherwise:
+# the cross-encoder scores a few hundred of these long pairs a second here, and a wider
+# `--block-k 100` made a 9-minute job, near JOB_TIMEOUT_S.
 OPTIONS = ("--no-progress", "--min-probability", "0", "--part-size", "500")
 JOB_TIMEOUT_S = 600.0
 MOST_RERUNS = 5

@@ -276,6 +276,7 @@ def prepare_duplicates(repository: Path, force: bool = False,
 
     trained = json.loads((source_dir / "TRAINING.json").read_text())
     hints = bool(trained["recipe"].get("hints", False))
+    threshold = float(trained["threshold"])  # served, and where the gate checks the decision
 
     def pairs(split: str) -> list[tuple[str, str]]:
         """Pairs as the model reads them (with their hints where it was trained with them)."""
@@ -284,12 +285,10 @@ def prepare_duplicates(repository: Path, force: bool = False,
         return hinted(found) if hints else found
 
     config = DUPLICATES_YAML % {"length": source.max_length, "labels": ",".join(source.labels),
-                                "threshold": float(trained["threshold"]),
-                                "hints": str(hints).lower()}
-    # The gate checks the decision at the threshold it is served at, not the top-1 label (0.5).
-    decision = Decision(source.labels.index(DUPLICATE), float(trained["threshold"]))
+                                "threshold": threshold, "hints": str(hints).lower()}
     plan = Plan(source, ("int8",), pairs("test"), pairs("train"), model_config=config,
-                extra=_trained(source_dir), decision=decision)
+                extra=_trained(source_dir),
+                decision=Decision(source.labels.index(DUPLICATE), threshold))
     optimize_encoder(plan, target, progress=progress)
 
 
