@@ -53,7 +53,9 @@ def start_server(repository: Path, log: Path, *extra: str, ready_s: float = 120)
             [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
              "--http", f"127.0.0.1:{port}",
              # gRPC is on by default on a fixed port; a test that wants it names a free one.
-             *(() if "--grpc" in extra else ("--grpc", "off")), *extra],
+             *(() if "--grpc" in extra else ("--grpc", "off")),
+             # One process unless a test asks for workers: `auto` depends on the machine's cores.
+             *(() if "--workers" in extra else ("--workers", "1")), *extra],
             stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     server = RunningServer(f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + ready_s

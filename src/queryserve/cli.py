@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "serve":
-            run_serve_command(args)
+            return run_serve_command(args)
         elif args.command == "bench":
             run_bench_command(args)
         elif args.command == "recommend":

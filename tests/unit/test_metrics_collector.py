@@ -38,6 +38,10 @@ def state_with(tmp_path: Path, model_name: str, stats: ModelStats,
     return state
 
 
+def collector(state: ServerState) -> metrics.ServerCollector:
+    return metrics.ServerCollector(state, state.snapshot_here())
+
+
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -47,7 +51,7 @@ def test_label_values_with_a_quote_backslash_and_newline_are_escaped(tmp_path: P
     stats = ModelStats()
     stats.record_request("success", 0.002)
     state = state_with(tmp_path, ODD, stats, {ODD: 7})
-    text = generate_latest(metrics.server_registry(state)).decode()
+    text = generate_latest(metrics.ServerCollector(state, state.snapshot_here())).decode()
     assert 'model="a \\"quoted\\\\ name\\nwith a newline"' in text
     assert 'reason="a \\"quoted\\\\ name\\nwith a newline"' in text
     parsed = samples(text)  # and the library's parser reads back the very values
@@ -59,7 +63,7 @@ def test_histograms_keep_their_buckets_sum_and_count(tmp_path: Path) -> None:
     stats = ModelStats()
     for seconds in (0.00005, 0.003, 0.003, 20.0):  # below the first bound, on one, above all
         stats.record_request("success", seconds)
-    text = generate_latest(metrics.server_registry(state_with(tmp_path, "m", stats))).decode()
+    text = generate_latest(collector(state_with(tmp_path, "m", stats))).decode()
     family = next(f for f in text_string_to_metric_families(text)
                   if f.name == "queryserve_request_duration_seconds")
     assert family.type == "histogram"
@@ -75,7 +79,7 @@ def test_histograms_keep_their_buckets_sum_and_count(tmp_path: Path) -> None:
 def test_tokenize_time_is_a_histogram_of_seconds(tmp_path: Path) -> None:
     stats = ModelStats()
     stats.record_tokenize(1_500_000)  # 1.5 ms
-    text = generate_latest(metrics.server_registry(state_with(tmp_path, "m", stats))).decode()
+    text = generate_latest(collector(state_with(tmp_path, "m", stats))).decode()
     parsed = samples(text)
     model = (("model", "m"),)
     assert parsed[("queryserve_tokenize_duration_seconds_count", model)] == 1
@@ -85,7 +89,7 @@ def test_tokenize_time_is_a_histogram_of_seconds(tmp_path: Path) -> None:
 
 
 def test_every_rejection_reason_is_exported_from_zero(tmp_path: Path) -> None:
-    text = generate_latest(metrics.server_registry(state_with(tmp_path, "m", ModelStats())))
+    text = generate_latest(collector(state_with(tmp_path, "m", ModelStats())))
     parsed = samples(text.decode())
     for reason in REJECTION_REASONS:
         assert parsed[("queryserve_http_rejections_total", (("reason", reason),))] == 0

@@ -42,6 +42,13 @@ class Histogram:
         self.total += value
         self.count += 1
 
+    def merge(self, other: Histogram) -> None:
+        """Count `other`'s observations here too (same bounds): two workers' histograms as
+        one server's."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+        self.count += other.count
+
 
 @dataclass(slots=True)
 class Duration:
@@ -57,12 +64,21 @@ class Duration:
     def as_json(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}
 
+    def merge(self, other: Duration) -> None:
+        self.count += other.count
+        self.ns += other.ns
+
 
 @dataclass(slots=True)
 class BatchDurations:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+
+    def merge(self, other: BatchDurations) -> None:
+        self.compute_input.merge(other.compute_input)
+        self.compute_infer.merge(other.compute_infer)
+        self.compute_output.merge(other.compute_output)
 
 
 @dataclass(slots=True)
@@ -124,6 +140,30 @@ class ModelStats:
         """One request's texts were tokenized in `elapsed_ns` (a `perf_counter_ns` pair). Called
         on the event loop, also for texts tokenized on a worker thread, so no lock is needed."""
         self.tokenize_latency.observe(elapsed_ns / 1e9)
+
+    def merge(self, other: ModelStats) -> None:
+        """Count `other`'s work here too: the whole server's figures are the sum of its
+        workers', each kept by one worker's event loop."""
+        for mine, theirs in ((self.success, other.success), (self.fail, other.fail),
+                             (self.queue, other.queue),
+                             (self.compute_input, other.compute_input),
+                             (self.compute_infer, other.compute_infer),
+                             (self.compute_output, other.compute_output),
+                             (self.cache_hit, other.cache_hit),
+                             (self.cache_miss, other.cache_miss)):
+            mine.merge(theirs)
+        self.inference_count += other.inference_count
+        self.execution_count += other.execution_count
+        self.last_inference_ms = max(self.last_inference_ms, other.last_inference_ms)
+        self.outcomes.update(other.outcomes)
+        for size, durations in other.by_batch_size.items():
+            self.by_batch_size.setdefault(size, BatchDurations()).merge(durations)
+        for histogram, more in ((self.request_latency, other.request_latency),
+                                (self.queue_latency, other.queue_latency),
+                                (self.compute_latency, other.compute_latency),
+                                (self.batch_size, other.batch_size),
+                                (self.tokenize_latency, other.tokenize_latency)):
+            histogram.merge(more)
 
     def as_triton_json(self, name: str, version: str) -> dict[str, object]:
         """The model's entry of Triton's statistics extension (`model_stats[i]`)."""

@@ -7,6 +7,7 @@ adds to `--api-key`, so a key need not appear in the process list.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits
 DEFAULT_REPOSITORY = Path("model_repository")
 DEFAULT_GRPC = "127.0.0.1:8001"
 API_KEY_VARIABLE = "QUERYSERVE_API_KEY"
+
+log = logging.getLogger("queryserve")
 
 
 def address(value: str) -> tuple[str, int]:
@@ -39,6 +42,11 @@ def _alias(value: str) -> tuple[str, str]:
     return alias, model
 
 
+def _workers(value: str) -> int | None:
+    """A count, or None for `auto`."""
+    return None if value == "auto" else count(value)
+
+
 def _api_key(value: str) -> str:
     if not value or not value.isascii() or not value.isprintable() or " " in value:
         raise argparse.ArgumentTypeError("an API key is printable ASCII without spaces")
@@ -58,7 +66,12 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="KServe v2 gRPC address, or 'off' (default: 127.0.0.1:8001)")
     serve.add_argument("--cores", type=count, default=None,
                        help="cores the model instances share (default: all this process may "
-                            "use); intra-op threads per instance = cores // instances")
+                            "use); intra-op threads per instance = cores // instances, the "
+                            "cores divided between the workers first")
+    serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                       help="server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
+                            "behind a supervisor that drains and replaces them; auto: one per "
+                            "4 cores, so 1 on 2 cores (default: auto)")
     serve.add_argument("--max-body-bytes", type=count, default=HttpLimits().max_body_bytes,
                        help="largest request body (or gRPC message) accepted "
                             "(default: %(default)s)")
@@ -107,14 +120,15 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                              "(default: %(default)g)")
 
 
-def run_serve_command(args: argparse.Namespace) -> None:
+def run_serve_command(args: argparse.Namespace) -> int:
+    """Serve until a signal; the exit status (0: drained)."""
     from queryserve.server.routing import Limits
     from queryserve.server.run import ServeOptions, serve
 
     keys = [*args.api_key, *(key.strip() for key in
                              os.environ.get(API_KEY_VARIABLE, "").split(",") if key.strip())]
     host, port = args.http
-    serve(ServeOptions(
+    options = ServeOptions(
         args.repository, host, port, args.cores, Limits(args.max_items),
         HttpLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                    idle_timeout_s=args.idle_timeout, header_timeout_s=args.header_timeout,
@@ -122,4 +136,17 @@ def run_serve_command(args: argparse.Namespace) -> None:
         args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
         aliases=dict(args.served_model_name), access_log=args.access_log,
-        otlp_endpoint=args.otlp_endpoint))
+        otlp_endpoint=args.otlp_endpoint)
+    workers = args.workers
+    if workers is None:
+        from queryserve.repository import available_cores
+        from queryserve.server.workers.plan import auto_workers
+
+        workers, why = auto_workers(args.cores or available_cores(), args.repository)
+        log.info("--workers auto: %d worker(s): %s", workers, why)
+    if workers == 1:  # one process, no supervisor: nothing between the client and the loop
+        serve(options)
+        return 0
+    from queryserve.server.workers.supervisor import Supervisor
+
+    return Supervisor(options, workers, args.log_level).run()

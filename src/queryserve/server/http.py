@@ -160,9 +160,12 @@ class HttpServer:
         return unanswered
 
 
-async def start_http_server(handler: Handler, host: str, port: int,
-                            limits: HttpLimits) -> HttpServer:
+async def start_http_server(handler: Handler, host: str, port: int, limits: HttpLimits,
+                            reuse_port: bool = False) -> HttpServer:
+    """Listen on `host:port`; with `reuse_port`, beside other listeners of this user on the
+    same port (SO_REUSEPORT: the kernel spreads new connections over them)."""
     server = HttpServer(handler, limits)
     server.listener = await server.loop.create_server(
-        lambda: HttpConnection(server), host, port, reuse_address=True, backlog=2048)
+        lambda: HttpConnection(server), host, port, reuse_address=True, reuse_port=reuse_port,
+        backlog=2048)
     return server

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,11 @@ from queryserve import __version__
 from queryserve.api import Inputs, decode_texts
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput
+from queryserve.repository import VERSION
+from queryserve.scheduling.stats import ModelStats
 from queryserve.server.classification import PARAMETER as CLASSIFICATION
 from queryserve.server.classification import classification_count, top_classes
+from queryserve.server.snapshot import Snapshot
 from queryserve.types import NUMPY_DTYPES, TRITON_DATA_TYPES, Array
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
@@ -233,6 +236,15 @@ def raw_bytes(tensor: OutputTensor) -> bytes:
 
 
 # -- model metadata and configuration -----------------------------------------------------------
+
+
+def statistics(snapshot: Snapshot, names: Sequence[str] | None = None) -> list[dict[str, object]]:
+    """Triton's statistics extension (`model_stats`) for the models `names` (None: every
+    model), from the whole server's snapshot; a model loaded a moment ago may have no figures
+    yet: its counts are zero."""
+    chosen = list(snapshot.models) if names is None else names
+    return [(snapshot.models[name].stats if name in snapshot.models else ModelStats())
+            .as_triton_json(name, VERSION) for name in chosen]
 
 
 def model_metadata(config: ModelConfig, version: str) -> dict[str, object]:

@@ -46,11 +46,11 @@ def add_routes(router: Router, state: ServerState) -> None:
 
     async def stats(request: Request, name: str, version: str | None) -> Response:
         model = repository.get(name, version)
-        return json_response({"model_stats": [model.stats.as_triton_json(model.name, VERSION)]})
+        return json_response({"model_stats": kserve.statistics(await state.snapshot(),
+                                                               [model.name])})
 
     async def all_stats(request: Request) -> Response:
-        return json_response({"model_stats": [m.stats.as_triton_json(m.name, VERSION)
-                                              for m in repository.models.values()]})
+        return json_response({"model_stats": kserve.statistics(await state.snapshot())})
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
         model = repository.get(name, version)
@@ -67,11 +67,11 @@ def add_routes(router: Router, state: ServerState) -> None:
         return json_response(repository.index())
 
     async def load(request: Request, name: str) -> Response:
-        await repository.load(name)
+        await state.load(name)
         return Response(200)
 
     async def unload(request: Request, name: str) -> Response:
-        repository.unload(name)
+        await state.unload(name)
         return Response(200)
 
     router.add("GET", "/v2", server_metadata)

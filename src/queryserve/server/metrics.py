@@ -1,14 +1,16 @@
 """`GET /metrics`: the server's statistics for Prometheus, rendered by `prometheus_client`.
 
-One collector (`ServerCollector`) reads, at scrape time, the numbers the server keeps anyway:
-each model's `ModelStats` (the counters and histograms the scheduler and pipeline update), the
-transport's connections and refusals, and the access control's refusals. Prometheus costs
-nothing per request: no client-library metric objects on the hot path and no locks, since all of
-it is updated on the event loop, where the scrape runs too.
+One collector (`ServerCollector`) renders, at scrape time, a `Snapshot` of the numbers the
+server keeps anyway: each model's `ModelStats` (the counters and histograms the scheduler and
+pipeline update), the transport's connections and refusals, and the access control's refusals.
+Prometheus costs nothing per request: no client-library metric objects on the hot path and no
+locks, since all of it is updated on the event loop, where the scrape runs too. With
+`--workers N` the snapshot is the whole server's (`snapshot.py` says how), and the per-process
+families carry a `worker` label.
 
 The library does the format: label escaping, and the text format 0.0.4 or, for a scraper that
 asks for it (`Accept: application/openmetrics-text`, as Prometheus does by default),
-OpenMetrics. Its process and platform collectors add `process_*` (CPU, resident memory, open
+OpenMetrics. Its process and platform collectors give `process_*` (CPU, resident memory, open
 file descriptors) and `python_*` (the interpreter, the cyclic collector's passes).
 """
 
@@ -18,7 +20,6 @@ from collections.abc import Callable, Iterator
 from functools import cache
 from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -28,74 +29,67 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from queryserve.pipelines.model import AnyModel as Model
-from queryserve.scheduling.stats import Histogram
+from queryserve.scheduling.stats import Histogram, ModelStats
 from queryserve.server.http import Request, Response
 from queryserve.server.routing import Router, ServerState
+from queryserve.server.snapshot import Snapshot
 
 # The library's own histograms write `le` with this (Go's float format); it is untyped, and an
 # annotated alias keeps strict mypy's untyped-call check on for everything else.
 _go_float: Callable[[float], str] = floatToGoString
 
-COUNTERS: tuple[tuple[str, str, Callable[[Model], int]], ...] = (
+COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
     ("queryserve_inferences_total", "Items run by the model (a batch of n counts n).",
-     lambda m: m.stats.inference_count),
+     lambda s: s.inference_count),
     ("queryserve_executions_total", "Batches run by the model.",
-     lambda m: m.stats.execution_count),
+     lambda s: s.execution_count),
     ("queryserve_cache_hits_total", "Items answered from the response cache.",
-     lambda m: m.stats.cache_hit.count),
+     lambda s: s.cache_hit.count),
     ("queryserve_cache_misses_total", "Items looked up in the response cache and not found.",
-     lambda m: m.stats.cache_miss.count),
+     lambda s: s.cache_miss.count),
 )
-HISTOGRAMS: tuple[tuple[str, str, Callable[[Model], Histogram]], ...] = (
+HISTOGRAMS: tuple[tuple[str, str, Callable[[ModelStats], Histogram]], ...] = (
     ("queryserve_request_duration_seconds", "End-to-end time of successful requests.",
-     lambda m: m.stats.request_latency),
+     lambda s: s.request_latency),
     ("queryserve_queue_duration_seconds", "Time an item waited in the queue.",
-     lambda m: m.stats.queue_latency),
+     lambda s: s.queue_latency),
     ("queryserve_compute_duration_seconds", "Time to run one batch (collate+model+split).",
-     lambda m: m.stats.compute_latency),
-    ("queryserve_batch_size", "Items per batch run.", lambda m: m.stats.batch_size),
+     lambda s: s.compute_latency),
+    ("queryserve_batch_size", "Items per batch run.", lambda s: s.batch_size),
     ("queryserve_tokenize_duration_seconds",
      "Time to tokenize one request's texts (those the response cache did not answer).",
-     lambda m: m.stats.tokenize_latency),
+     lambda s: s.tokenize_latency),
 )
 
 
 def add_routes(router: Router, state: ServerState) -> None:
-    registry = server_registry(state)
-
     async def metrics(request: Request) -> Response:
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(200, encode(registry), content_type)
+        # The encoders ask only for `collect()`: no registry of the library's (whose global
+        # one two servers in one process, as in tests, would share).
+        return Response(200, encode(ServerCollector(state, await state.snapshot())),
+                        content_type)
 
     router.add("GET", "/metrics", metrics)
 
 
-def server_registry(state: ServerState) -> CollectorRegistry:
-    """The server's collector and the process's, on a registry of this server's own: two
-    servers in one process (as in tests) neither share nor clash, as they would on the
-    library's global `REGISTRY`."""
-    registry = CollectorRegistry()
-    registry.register(ServerCollector(state))
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    return registry
-
-
 class ServerCollector:
-    """Every `queryserve_*` family, read from the server's state when scraped."""
+    """Every family `/metrics` shows: the server's `queryserve_*`, read from one snapshot of
+    it, then the process's (`process_*`, `python_*`)."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, snapshot: Snapshot) -> None:
         self.state = state
+        self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         yield from self._transport()
         yield from self._access()
+        yield from self._workers()
         yield from self._models()
+        yield from self.snapshot.process
 
     def _transport(self) -> Iterator[Metric]:
-        transport = self.state.transport
+        transport = self.snapshot.transport
         if transport is None:  # not listening yet
             return
         yield GaugeMetricFamily("queryserve_http_connections", "Client connections open now.",
@@ -125,20 +119,30 @@ class ServerCollector:
         yield rejections
 
     def _access(self) -> Iterator[Metric]:
-        auth = self.state.auth
         yield CounterMetricFamily(
             "queryserve_auth_failures_total",
             "Requests refused 401: no API key, or a wrong one (HTTP and gRPC).",
-            value=auth.failures)
+            value=self.snapshot.auth_failures)
         yield CounterMetricFamily(
             "queryserve_requests_forbidden_total",
             "Requests refused 403: a Host the server does not answer to, or an Origin not "
             "allowed.",
-            value=auth.forbidden)
+            value=self.snapshot.auth_forbidden)
+
+    def _workers(self) -> Iterator[Metric]:
+        siblings = self.state.siblings
+        if siblings is None:  # one process: no fleet to describe
+            return
+        yield GaugeMetricFamily(
+            "queryserve_workers", "Worker processes whose figures this scrape sums.",
+            value=self.snapshot.workers)
+        yield CounterMetricFamily(
+            "queryserve_worker_restarts_total",
+            "Workers that died and were replaced by the supervisor.", value=siblings.restarts)
 
     def _models(self) -> Iterator[Metric]:
         repository = self.state.repository
-        models = list(repository.models.values())
+        models = sorted(self.snapshot.models.items())
         ready = GaugeMetricFamily("queryserve_model_ready",
                                   "1 when the model is loaded and warmed up.", labels=["model"])
         for entry in repository.index():
@@ -148,25 +152,25 @@ class ServerCollector:
             "queryserve_requests_total",
             "Requests by model and outcome (success, invalid, rejected, timeout, failed...).",
             labels=["model", "outcome"])
-        for m in models:
-            for outcome, count in sorted(m.stats.outcomes.items()):
-                requests.add_metric([m.name, outcome], count)
+        for name, figures in models:
+            for outcome, count in sorted(figures.stats.outcomes.items()):
+                requests.add_metric([name, outcome], count)
         yield requests
         for name, help_text, value in COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=["model"])
-            for m in models:
-                counter.add_metric([m.name], value(m))
+            for name, figures in models:
+                counter.add_metric([name], value(figures.stats))
             yield counter
         depth = GaugeMetricFamily("queryserve_queue_depth",
                                   "Items waiting in the model's queue now.", labels=["model"])
-        for m in models:
-            depth.add_metric([m.name], m.pipeline.queue_depth)
+        for name, figures in models:
+            depth.add_metric([name], figures.queue_depth)
         yield depth
         for name, help_text, pick in HISTOGRAMS:
             family = HistogramMetricFamily(name, help_text, labels=["model"])
-            for m in models:
-                histogram = pick(m)
-                family.add_metric([m.name], buckets(histogram), sum_value=histogram.total)
+            for name, figures in models:
+                histogram = pick(figures.stats)
+                family.add_metric([name], buckets(histogram), sum_value=histogram.total)
             yield family
 
 

@@ -24,14 +24,15 @@ from typing import Protocol
 import uvloop
 
 from queryserve import heap
-from queryserve.errors import ServeError
+from queryserve.errors import QueryServeError, ServeError
 from queryserve.repository import ModelRepository
 from queryserve.server.access_log import AccessLog
 from queryserve.server.app import ServerApp
-from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, start_http_server
+from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, HttpServer, start_http_server
 from queryserve.server.routing import Limits, ServerState
 from queryserve.server.security import AccessControl, is_loopback
 from queryserve.server.tracing import Tracing
+from queryserve.server.workers.peers import Seat, Siblings, answer_siblings
 
 log = logging.getLogger("queryserve")
 
@@ -65,6 +66,8 @@ class ServeOptions:
     """A file for the access log's lines, `-` for standard error; None: no access log."""
     otlp_endpoint: str | None = None
     """An OTLP/HTTP traces URL to send a span per request to; None: no tracing."""
+    seat: Seat | None = None
+    """Set in a worker of `--workers N`: its number and what it shares with the others."""
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
@@ -77,36 +80,29 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     access_log = AccessLog(options.access_log) if options.access_log is not None else None
     tracing = Tracing(options.otlp_endpoint) if options.otlp_endpoint is not None else None
     app = ServerApp(repository, options.limits, auth, options.aliases, access_log, tracing)
-    try:
-        server = await start_http_server(app, options.host, options.port, options.http)
-    except OSError as exc:  # the port is taken, the address is not this machine's
-        raise ServeError(f"cannot listen on {options.host}:{options.port}: "
-                         f"{exc.strerror or exc}") from None
-    app.state.transport = server
-    log.info("listening on http://%s:%d (loading models from %s)", options.host, options.port,
-             options.repository)
-    grpc_server = await _start_grpc(app.state, options)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log.warning("second signal: exiting now")
-            os._exit(128 + signum)
-        app.state.draining = True  # readiness turns 503 before anything else happens
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
-    loading = asyncio.ensure_future(repository.load_all())
+    seat = options.seat
+    siblings = app.state.siblings = Siblings(seat) if seat is not None else None
+    stop = _stop_on_signals(app.state, worker=seat is not None)
+    listeners = None
+    if siblings is None:  # one process: listen first, so /v2/health/live answers while loading
+        listeners = await _listen(app, options)
+    loading = asyncio.ensure_future(_load(repository, siblings))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    control = None
     if loading.done():
+        loading.result()
         # What loading made (tokenizers, the spell channel's tables, the catalog, the index's
         # items) lives as long as the server. Frozen, the cyclic collector no longer walks it:
         # one full pass over it took 43-57 ms in the middle of a search benchmark.
         gc.collect()
         gc.freeze()
+        if seat is not None and siblings is not None:
+            # A worker listens only with its models warm: the kernel hands a new connection to
+            # any listener on the port, and one still loading would answer it 503.
+            control = await answer_siblings(app.state, seat)
+            listeners = await _listen(app, options)
+            siblings.serve(True)
         app.state.loading = False
         _log_ready(repository)
         if started is not None:
@@ -114,16 +110,16 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
         await stopping
     else:
         loading.cancel()
+    if siblings is not None:
+        siblings.serve(False)
     began = time.monotonic()
     log.info("draining: not ready, no new connections; up to %.0f s for accepted work",
              options.drain_timeout_s)
-    grpc_drained = (asyncio.ensure_future(grpc_server.shutdown(options.drain_timeout_s))
-                    if grpc_server is not None else None)
-    unanswered = await server.shutdown(options.drain_timeout_s)
-    if grpc_drained is not None:
-        await grpc_drained
+    unanswered = await listeners.shutdown(options.drain_timeout_s) if listeners else 0
     left_s = max(0.0, options.drain_timeout_s - (time.monotonic() - began))
     await repository.close(left_s)
+    if control is not None:
+        control.close()
     if access_log is not None:
         access_log.close()
     if tracing is not None:
@@ -136,6 +132,69 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
                  time.monotonic() - began)
 
 
+def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
+    """The event the first SIGTERM (or SIGINT) sets; a second one exits at once. A worker
+    leaves SIGINT to its supervisor: a terminal's Ctrl-C reaches the whole process group, and
+    the supervisor's forwarded SIGTERM would count as a second signal."""
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting now")
+            os._exit(128 + signum)
+        state.draining = True  # readiness turns 503 before anything else happens
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    if worker:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM,) if worker else (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    return stop
+
+
+async def _load(repository: ModelRepository, siblings: Siblings | None) -> None:
+    """Every model of the repository; a replacement worker loads what its siblings serve."""
+    served = await siblings.models_served() if siblings is not None else None
+    if served is None:
+        await repository.load_all()
+        return
+    for name in served:
+        try:
+            await repository.load(name)
+        except QueryServeError as exc:
+            log.error("model '%s' not loaded: %s", name, exc.message)
+
+
+@dataclass
+class Listeners:
+    http: HttpServer
+    grpc: GrpcServer | None
+
+    async def shutdown(self, timeout_s: float) -> int:
+        """Both drained at once; the HTTP requests still unanswered at the deadline."""
+        grpc_drained = (asyncio.ensure_future(self.grpc.shutdown(timeout_s))
+                        if self.grpc is not None else None)
+        unanswered = await self.http.shutdown(timeout_s)
+        if grpc_drained is not None:
+            await grpc_drained
+        return unanswered
+
+
+async def _listen(app: ServerApp, options: ServeOptions) -> Listeners:
+    shared = options.seat is not None  # workers share the port (SO_REUSEPORT)
+    try:
+        server = await start_http_server(app, options.host, options.port, options.http,
+                                         reuse_port=shared)
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        raise ServeError(f"cannot listen on {options.host}:{options.port}: "
+                         f"{exc.strerror or exc}") from None
+    app.state.transport = server
+    log.info("listening on http://%s:%d (%s)", options.host, options.port,
+             "models warm" if shared else f"loading models from {options.repository}")
+    return Listeners(server, await _start_grpc(app.state, options))
+
+
 async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer | None:
     if options.grpc is None:
         return None
@@ -143,7 +202,8 @@ async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer |
 
     host, port = options.grpc
     grpc_server = await start_grpc_server(state, host, port,
-                                          max_message_bytes=options.http.max_body_bytes)
+                                          max_message_bytes=options.http.max_body_bytes,
+                                          reuse_port=options.seat is not None)
     log.info("listening on grpc://%s:%d (KServe v2 gRPC)", host, port)
     return grpc_server
 

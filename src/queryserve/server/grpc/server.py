@@ -40,16 +40,19 @@ class GrpcServer:
 
 
 async def start_grpc_server(state: ServerState, host: str, port: int,
-                            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> GrpcServer:
+                            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                            reuse_port: bool = False) -> GrpcServer:
     """Listen on `host:port` (port 0: any free port) and serve KServe v2 gRPC; a request
-    message over `max_message_bytes` is refused (RESOURCE_EXHAUSTED) before it is read."""
+    message over `max_message_bytes` is refused (RESOURCE_EXHAUSTED) before it is read. With
+    `reuse_port`, beside the other workers' listeners on the same port."""
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         # Answers are bounded by the item limit; refusing one already computed helps nobody.
         ("grpc.max_send_message_length", -1),
         # Without this a second server could bind the same port (SO_REUSEPORT) and the two
-        # would share its connections: a taken port must be an error, as it is for HTTP.
-        ("grpc.so_reuseport", 0),
+        # would share its connections: a taken port must be an error, as it is for HTTP. A
+        # server's own workers share it on purpose (their supervisor checked it was free).
+        ("grpc.so_reuseport", int(reuse_port)),
     ])
     add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]  # generated
         InferenceService(state), server)

@@ -124,9 +124,9 @@ class InferenceService:
     @_rpc
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               ) -> pb.ModelStatisticsResponse:
-        models = ([self.repository.get(request.name, request.version)] if request.name
-                  else list(self.repository.models.values()))
-        return codec.model_statistics([m.stats.as_triton_json(m.name, VERSION) for m in models])
+        names = [self.repository.get(request.name, request.version).name] if request.name \
+            else None
+        return codec.model_statistics(kserve.statistics(await self.state.snapshot(), names))
 
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
@@ -149,14 +149,14 @@ class InferenceService:
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   ) -> pb.RepositoryModelLoadResponse:
         _check_parameters(codec.parameters(request.parameters), "load")
-        await self.repository.load(request.model_name)
+        await self.state.load(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     ) -> pb.RepositoryModelUnloadResponse:
         _check_parameters(codec.parameters(request.parameters), "unload")
-        self.repository.unload(request.model_name)
+        await self.state.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
 

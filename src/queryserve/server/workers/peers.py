@@ -1,0 +1,206 @@
+"""How the workers of one server reach each other: a Unix socket per worker in the
+supervisor's private folder, one request and one answer per connection.
+
+What a worker asks its siblings for, and why it cannot just look:
+- `snapshot`: their figures, so a scrape or a statistics request counts the whole server's work
+  whichever worker the kernel handed it to;
+- `load` / `unload`: the repository extension changes every worker's models, and answers when
+  all have (or names the one that failed);
+- `models`: a replacement worker serves what its siblings serve now, not what the folder held
+  when the server started.
+
+Readiness needs no round trip: the supervisor shares one byte per worker (`Seat.serving`),
+which a worker sets while it listens with warm models and clears when it drains, and the
+supervisor clears when it dies.
+
+Messages are pickled: both ends are this server's own processes, and the folder is the
+supervisor's `mkdtemp` (mode 0700), so nobody else can connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from queryserve import errors
+from queryserve.errors import QueryServeError, ServeError
+from queryserve.server.routing import ServerState
+from queryserve.server.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("!I")
+SNAPSHOT_TIMEOUT_S = 5.0
+"""A sibling that has not answered a snapshot by then is left out of the scrape (and said)."""
+LOAD_TIMEOUT_S = 600.0
+"""Building a model takes seconds; minutes would mean a sibling is stuck."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    """A worker's place in the server: its number, the others', and what they share."""
+
+    worker: int
+    workers: int
+    folder: Path
+    """The supervisor's private folder of control sockets."""
+    serving: Any
+    """One byte per worker, shared (`multiprocessing.RawArray('b')`): 1 while it serves."""
+    restarts: Any
+    """Replacements so far, shared (`multiprocessing.RawArray('i', 1)`)."""
+
+    def socket(self, worker: int) -> Path:
+        return self.folder / f"worker-{worker}.sock"
+
+
+class Siblings:
+    """The other workers, as this one reaches them (`routing.Siblings`)."""
+
+    def __init__(self, seat: Seat) -> None:
+        self.seat = seat
+        self.others = [w for w in range(seat.workers) if w != seat.worker]
+
+    @property
+    def worker(self) -> int:
+        return self.seat.worker
+
+    @property
+    def restarts(self) -> int:
+        return int(self.seat.restarts[0])
+
+    def all_serving(self) -> bool:
+        return all(self.seat.serving)
+
+    def serve(self, serving: bool) -> None:
+        """Say that this worker serves (listening, models warm), or no longer (draining)."""
+        self.seat.serving[self.seat.worker] = int(serving)
+
+    async def snapshots(self) -> list[Snapshot]:
+        answers = await asyncio.gather(*(self._ask(w, ("snapshot",), SNAPSHOT_TIMEOUT_S)
+                                         for w in self.others), return_exceptions=True)
+        found = []
+        for worker, answer in zip(self.others, answers, strict=True):
+            if isinstance(answer, Snapshot):
+                found.append(answer)
+            elif not isinstance(answer, _Absent):  # one being replaced is expected to be away
+                log.warning("worker %d gave no figures: %s", worker, answer)
+        return found
+
+    async def everywhere(self, action: str, name: str) -> None:
+        answers = await asyncio.gather(*(self._ask(w, (action, name), LOAD_TIMEOUT_S)
+                                         for w in self.others), return_exceptions=True)
+        for worker, answer in zip(self.others, answers, strict=True):
+            if isinstance(answer, _Absent):
+                # Not started yet or being replaced: it loads what its siblings serve when it
+                # starts (`models_served`), so it catches up.
+                log.warning("worker %d is not running: it will %s '%s' when it starts from "
+                            "what its siblings serve", worker, action, name)
+            elif isinstance(answer, QueryServeError):
+                raise _again(answer, worker)
+            elif isinstance(answer, BaseException):
+                raise ServeError(f"worker {worker} did not {action} '{name}': {answer}")
+
+    async def models_served(self) -> list[str] | None:
+        """The models a running sibling serves now, or None when none answers (the server is
+        starting: every worker loads the whole repository)."""
+        for worker in self.others:
+            with contextlib.suppress(_Absent, OSError, TimeoutError):
+                answer = await self._ask(worker, ("models",), SNAPSHOT_TIMEOUT_S)
+                if isinstance(answer, list):
+                    return answer
+        return None
+
+    async def _ask(self, worker: int, request: tuple[str, ...], timeout_s: float) -> object:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.seat.socket(worker))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise _Absent(worker) from None
+        try:
+            _send(writer, request)
+            answer = await asyncio.wait_for(_receive(reader), timeout_s)
+        finally:
+            writer.close()
+        return _unpacked(answer)
+
+
+class _Absent(Exception):
+    """No worker listens on that socket: not started yet, or dead and not yet replaced."""
+
+
+async def answer_siblings(state: ServerState, seat: Seat) -> asyncio.AbstractServer:
+    """Listen on this worker's control socket and answer its siblings' requests, on this
+    worker's loop (the only thread that touches its models and figures)."""
+    async def load(name: str) -> None:
+        await state.repository.load(name)  # the model itself stays here
+
+    actions: dict[str, Callable[..., Awaitable[object]]] = {
+        "snapshot": _sync(state.snapshot_here),
+        "models": _sync(lambda: sorted(state.repository.models)),
+        "load": load,
+        "unload": _sync(state.repository.unload),
+    }
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            action, *args = await _receive(reader)
+            try:
+                result: object = ("ok", await actions[action](*args))
+            except QueryServeError as exc:
+                result = ("error", type(exc).__name__, exc.message, exc.headers)
+            except Exception:
+                log.exception("error answering worker request %r", action)
+                result = ("error", "QueryServeError", "internal server error", {})
+            _send(writer, result)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the asking worker went away; it gets nothing
+        finally:
+            writer.close()
+
+    path = seat.socket(seat.worker)
+    path.unlink(missing_ok=True)  # a worker this one replaces left its socket behind
+    return await asyncio.start_unix_server(answer, path)
+
+
+def _sync(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
+    async def call(*args: object) -> object:
+        return function(*args)
+    return call
+
+
+def _send(writer: asyncio.StreamWriter, message: object) -> None:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_LENGTH.pack(len(body)) + body)
+
+
+async def _receive(reader: asyncio.StreamReader) -> Any:
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    return pickle.loads(await reader.readexactly(length))
+
+
+def _unpacked(answer: tuple[Any, ...]) -> object:
+    """A sibling's answer, or its error as the same class of `QueryServeError`, with its
+    status and headers (built without the class's own `__init__`, whose arguments differ)."""
+    if answer[0] == "ok":
+        return answer[1]
+    _, kind, message, headers = answer
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, QueryServeError)):
+        cls = QueryServeError
+    error = cls.__new__(cls)
+    QueryServeError.__init__(error, message, headers)
+    return error
+
+
+def _again(error: QueryServeError, worker: int) -> QueryServeError:
+    """`error` again, its message naming the worker it came from."""
+    named = type(error).__new__(type(error))
+    QueryServeError.__init__(named, f"worker {worker}: {error.message}", error.headers)
+    return named

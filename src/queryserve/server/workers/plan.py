@@ -1,0 +1,46 @@
+"""How many workers `--workers auto` starts, and why.
+
+One worker per 4 cores, and never fewer cores per worker than a model has instances: the event
+loop of one process stops near 1,900 requests/s whatever the model costs, so cores beyond what
+one loop can feed are wasted in one process; and each worker runs every model's instances, so a
+worker with fewer cores than instances would oversubscribe them. On the 16-core Intel Xeon the
+issue "All the cores" measured (2026-11-27, `embed` alone, max rate at p99 <= 10 ms): four
+servers of 3 instances served 3,469 req/s, six of 2 instances 2,625, one of 14 instances 1,750.
+On 2 cores that gives one worker: a second would halve each loop's cores and add a process
+(BENCHMARKS "Workers" measures both).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from queryserve.config import load_config
+from queryserve.errors import QueryServeError
+
+log = logging.getLogger(__name__)
+
+CORES_PER_WORKER = 4
+
+
+def most_instances(repository: Path) -> int:
+    """The largest instance count of the repository's models (1 when it has none)."""
+    counts = [1]
+    if repository.is_dir():
+        for folder in sorted(repository.iterdir()):
+            try:
+                config = load_config(folder)
+            except QueryServeError:  # not a model, or one the server will report itself
+                continue
+            if config.ensemble is None:
+                counts.append(config.instance_group.count)
+    return max(counts)
+
+
+def auto_workers(cores: int, repository: Path) -> tuple[int, str]:
+    """The number of workers for `cores`, and the reason, for the log."""
+    instances = most_instances(repository)
+    per_worker = max(CORES_PER_WORKER, instances)
+    workers = max(1, cores // per_worker)
+    return workers, (f"{cores} cores, {per_worker} per worker (one event loop feeds about "
+                     f"{CORES_PER_WORKER} cores; the largest model has {instances} instances)")

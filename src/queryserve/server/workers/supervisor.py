@@ -1,0 +1,238 @@
+"""`queryserve serve --workers N`: N server processes behind one HTTP and one gRPC port, and the
+supervisor that runs them.
+
+One server process is one event loop, and on a many-core machine that loop, not the model, is
+the ceiling (BENCHMARKS "Workers"). So the process the user started serves nothing: it starts N
+full servers by spawning (not forking: ONNX Runtime and gRPC own threads that a fork would copy
+half-made), each binding the same addresses with SO_REUSEPORT so the kernel spreads connections
+over them, and each given 1/N of the cores, so instances x threads over all workers stay within
+them. What clients see is one server (`peers.py` says how the workers agree).
+
+The supervisor:
+- reserves the ports first (a bound, never listening socket with SO_REUSEPORT), which resolves
+  port 0, refuses a port another program holds, and keeps the port while a worker is replaced;
+- forwards SIGTERM and SIGINT as SIGTERM: every worker drains as one server does, and the
+  supervisor exits 0 when all have exited 0 (a second signal is forwarded too: they exit now);
+- replaces a worker that dies, after a back-off that doubles with each death in a row before
+  it served; five in a row and it gives up, stops the others and exits 1 (never a restart loop);
+- dies with its workers: each asks the kernel for SIGTERM if the supervisor goes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from queryserve.errors import QueryServeError, ServeError
+from queryserve.server.run import ServeOptions, serve
+from queryserve.server.workers.peers import Seat
+
+log = logging.getLogger("queryserve")
+
+MAX_FAILED_STARTS = 5
+"""Deaths in a row of one worker before it ever served: then the server gives up."""
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+POLL_S = 0.2
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass
+class _Slot:
+    """One worker's place: the process in it now, and how its last starts went."""
+
+    worker: int
+    process: BaseProcess | None = None
+    failed_starts: int = 0
+    """Deaths in a row before serving."""
+    restart_at: float | None = None
+    served: bool = False
+    """The process in it got as far as serving (seen on its byte of `serving`)."""
+
+
+class Supervisor:
+    def __init__(self, options: ServeOptions, workers: int, log_level: str = "INFO") -> None:
+        self.options = options
+        self.workers = workers
+        self.log_level = log_level
+        self.context = multiprocessing.get_context("spawn")
+        self.serving = self.context.RawArray("b", workers)
+        self.restarts = self.context.RawArray("i", 1)
+        self.slots = [_Slot(w) for w in range(workers)]
+        self.stopping = False
+        self.signals = 0
+        self.exit_codes: dict[int, int] = {}
+
+    def run(self) -> int:
+        """Serve until a signal and every worker has drained; the process's exit status."""
+        folder = Path(tempfile.mkdtemp(prefix="queryserve-"))
+        with contextlib.ExitStack() as held:
+            held.callback(shutil.rmtree, folder, True)
+            options = self._reserve_ports(held)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+            for slot in self.slots:
+                self._start(slot, options, folder)
+            return self._watch(options, folder)
+
+    def _reserve_ports(self, held: contextlib.ExitStack) -> ServeOptions:
+        """The options every worker gets: the ports reserved (port 0 made a real one) and
+        1/N of the cores each."""
+        options = self.options
+        http: socket.socket = held.enter_context(_reserve(options.host, options.port))
+        grpc = options.grpc
+        if grpc is not None:
+            grpc = (grpc[0], held.enter_context(_reserve(*grpc)).getsockname()[1])
+        cores = options.cores or len(os.sched_getaffinity(0))
+        if self.workers > cores:
+            log.warning("%d workers on %d cores: each still runs one thread per instance, so "
+                        "they oversubscribe the CPU", self.workers, cores)
+        return dataclasses.replace(options, port=http.getsockname()[1], grpc=grpc,
+                                   cores=max(1, cores // self.workers))
+
+    def _start(self, slot: _Slot, options: ServeOptions, folder: Path) -> None:
+        seat = Seat(slot.worker, self.workers, folder, self.serving, self.restarts)
+        process = self.context.Process(
+            target=_worker_main, name=f"queryserve-worker-{slot.worker}",
+            args=(dataclasses.replace(options, seat=seat), self.log_level, os.getpid()))
+        process.start()
+        slot.process, slot.restart_at, slot.served = process, None, False
+        log.info("worker %d started (pid %d)", slot.worker, process.pid)
+
+    def _watch(self, options: ServeOptions, folder: Path) -> int:
+        announced = False
+        while True:
+            running = {s.process.sentinel: s for s in self.slots
+                       if s.process is not None and s.process.exitcode is None}
+            if self.stopping and not running:
+                break
+            for sentinel in wait(list(running), timeout=POLL_S):
+                self._ended(running[sentinel])  # type: ignore[index]  # sentinels are ints
+            for slot in self.slots:
+                slot.served = slot.served or bool(self.serving[slot.worker])
+            if not self.stopping:
+                self._restart_due(options, folder)
+            if not announced and all(self.serving):
+                announced = True
+                grpc = f", grpc://{options.grpc[0]}:{options.grpc[1]}" if options.grpc else ""
+                log.info("ready: %d workers serving http://%s:%d%s", self.workers,
+                         options.host, options.port, grpc)
+        failed = {w: code for w, code in self.exit_codes.items() if code != 0}
+        if failed:
+            log.error("stopped; workers exited with %s", failed)
+            return 1
+        log.info("stopped: every worker drained and exited 0")
+        return 0
+
+    def _ended(self, slot: _Slot) -> None:
+        process = slot.process
+        assert process is not None
+        process.join()
+        code = process.exitcode if process.exitcode is not None else 1
+        served = slot.served or bool(self.serving[slot.worker])
+        self.serving[slot.worker] = 0  # it may have died without saying so
+        if self.stopping:
+            self.exit_codes[slot.worker] = code
+            return
+        slot.failed_starts = 0 if served else slot.failed_starts + 1
+        self.restarts[0] += 1
+        if slot.failed_starts >= MAX_FAILED_STARTS:
+            log.error("worker %d died %d times in a row before serving (exit %s): stopping "
+                      "the server", slot.worker, slot.failed_starts, code)
+            self.exit_codes[slot.worker] = code or 1
+            self._stop_all()
+            return
+        delay = 0.0 if served else min(MAX_BACKOFF_S,
+                                       FIRST_BACKOFF_S * 2 ** (slot.failed_starts - 1))
+        log.error("worker %d (pid %d) died (exit %s): replacing it in %.1f s (%d replaced "
+                  "so far)", slot.worker, process.pid, code, delay, self.restarts[0])
+        slot.restart_at = time.monotonic() + delay
+
+    def _restart_due(self, options: ServeOptions, folder: Path) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.restart_at is not None and slot.restart_at <= now:
+                self._start(slot, options, folder)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("%s: draining %d workers", signal.Signals(signum).name, self.workers)
+        else:
+            log.warning("second signal: workers exit now")
+        self._stop_all()
+
+    def _stop_all(self) -> None:
+        self.stopping = True
+        for slot in self.slots:
+            slot.restart_at = None
+            if slot.process is not None and slot.process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _reserve(host: str, port: int) -> Iterator[socket.socket]:
+    """A socket bound to `host:port` with SO_REUSEPORT that never listens: the workers bind
+    beside it, nobody else can take the port while they are replaced, and port 0 becomes a
+    free port every worker uses. SO_REUSEPORT lets this user's listeners share a port
+    silently, so a port something already listens on is refused here, as one server would."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        bound = sock.getsockname()[1]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            if probe.connect_ex((host, bound)) == 0:
+                raise ServeError(f"cannot listen on {host}:{bound}: another server listens "
+                                 "there")
+        yield sock
+    finally:
+        sock.close()
+
+
+def _worker_main(options: ServeOptions, log_level: str, supervisor: int) -> None:
+    """A worker: one full server on its share of the cores, until its supervisor's SIGTERM."""
+    seat = options.seat
+    assert seat is not None
+    _die_with(supervisor)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the supervisor forwards SIGTERM
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s "
+                                                f"worker-{seat.worker} %(name)s: %(message)s")
+    try:
+        serve(options)
+    except QueryServeError as exc:
+        log.error("worker %d: %s", seat.worker, exc.message)
+        raise SystemExit(1) from None
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(supervisor: int) -> None:
+    """Ask Linux for SIGTERM when the supervisor dies (a SIGKILL it cannot forward): the
+    worker drains and exits rather than serve on, orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:  # it died before the request was made
+        raise SystemExit(1)

@@ -1,0 +1,215 @@
+"""`queryserve serve --workers 2`, from real clients: one server whichever worker answers.
+
+Both workers answer; `/metrics` and the statistics (HTTP and gRPC) count exactly what was sent,
+whichever worker a scrape reaches; a reload under load reaches both and fails no request; a
+worker killed with SIGKILL is replaced while the other serves; SIGTERM with ~2,000 items queued
+answers every request written before it, and every process exits. A real server on 127.0.0.1
+with fake models (a set compute time per batch), every wait bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import RunningServer, free_port, start_server, stop_server, write_fake_model
+from tests.e2e.test_embed_http import perf_analyzer
+from tests.e2e.test_lifecycle import infer_body
+
+WORKERS = ("--workers", "2", "--cores", "2")
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[tuple[RunningServer, int]]:
+    """Two workers serving `fast` (no delay) and `slow` (20 ms a batch), HTTP and gRPC."""
+    write_fake_model(tmp_path, "fast", max_batch_size=8, max_queue_size=256)
+    write_fake_model(tmp_path, "slow", max_batch_size=8, max_queue_size=4096, delay_ms=20)
+    grpc_port = free_port()
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS,
+                          "--grpc", f"127.0.0.1:{grpc_port}")
+    yield server, grpc_port
+    stop_server(server)
+
+
+def worker_pids(server: RunningServer) -> dict[int, int]:
+    """Each worker's current pid, from the supervisor's log."""
+    return {int(w): int(pid) for w, pid in
+            re.findall(r"worker (\d+) started \(pid (\d+)\)", server.log_text())}
+
+
+def answering_process(url: str) -> str:
+    """The process that answered, on a new connection: request ids start with a random
+    prefix of the process's own."""
+    with httpx.Client(timeout=10) as client:
+        answer = client.post(f"{url}/v2/models/fast/infer", json=infer_body("which"))
+    assert answer.status_code == 200, answer.text
+    return answer.headers["x-request-id"].split("-")[0]
+
+
+def scrape(url: str) -> dict[str, float]:
+    with httpx.Client(timeout=10) as client:  # a new connection: any worker may answer
+        text = client.get(f"{url}/metrics").text
+    return {sample.name + str(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_both_workers_answer_and_the_figures_are_the_whole_server_s(
+        workers: tuple[RunningServer, int]) -> None:
+    server, grpc_port = workers
+    import tritonclient.grpc as grpcclient
+
+    answered_by = {answering_process(server.url) for _ in range(40)}
+    assert len(answered_by) == 2, answered_by  # the kernel spread 40 connections over both
+    sent = 40
+    success = "queryserve_requests_total[('model', 'fast'), ('outcome', 'success')]"
+    for _ in range(10):  # ten scrapes on ten connections: whichever worker, the same count
+        figures = scrape(server.url)
+        assert figures[success] == sent
+        assert figures["queryserve_inferences_total[('model', 'fast')]"] == sent
+        assert figures["queryserve_workers[]"] == 2
+        assert figures["process_cpu_seconds_total[('worker', '0')]"] > 0
+        assert figures["process_cpu_seconds_total[('worker', '1')]"] > 0
+        with httpx.Client(timeout=10) as client:
+            stats = client.get(f"{server.url}/v2/models/fast/stats").json()["model_stats"][0]
+        assert stats["inference_count"] == sent
+        assert stats["inference_stats"]["success"]["count"] == sent
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    stats = grpc.get_inference_statistics("fast", as_json=True)["model_stats"][0]
+    assert int(stats["inference_count"]) == sent
+
+
+def test_tritonclient_and_perf_analyzer_work_unchanged(workers: tuple[RunningServer, int]) -> None:
+    server, grpc_port = workers
+    import nvidia.cuda_runtime
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    for module, url in ((httpclient, server.host_port), (grpcclient, f"127.0.0.1:{grpc_port}")):
+        client = module.InferenceServerClient(url)
+        assert client.is_server_ready()
+        text = module.InferInput("text", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"play some jazz"]], dtype=object))
+        assert client.infer("fast", [text]).as_numpy("embedding").shape == (1, 16)
+    cuda_lib = Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib"
+    for protocol, url in (("http", server.host_port), ("grpc", f"127.0.0.1:{grpc_port}")):
+        result = subprocess.run(
+            [str(perf_analyzer()), "-m", "fast", "-u", url, "-i", protocol,
+             "--string-data", "play some jazz", "--concurrency-range", "4",
+             "--measurement-mode", "count_windows", "--measurement-request-count", "200",
+             "--max-trials", "3", "--stability-percentage", "999"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "LD_LIBRARY_PATH": str(cuda_lib)})
+        assert result.returncode == 0, result.stdout + result.stderr
+        # The server-side split, from the statistics of both workers: no negative or huge
+        # queue time (one worker's counts against the other's made both).
+        split = re.search(r"overhead (\d+) usec \+ queue (\d+) usec", result.stdout)
+        assert split is not None, result.stdout
+        assert 0 <= int(split.group(1)) < 1_000_000 and 0 <= int(split.group(2)) < 1_000_000
+
+
+def test_a_reload_under_load_reaches_both_workers_and_fails_no_request(
+        workers: tuple[RunningServer, int]) -> None:
+    server, _ = workers
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():  # a new connection each time: both workers get some
+            with httpx.Client(base_url=server.url, timeout=10) as http:
+                statuses.append(http.post("/v2/models/fast/infer",
+                                          json=infer_body("steady")).status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        with httpx.Client(base_url=server.url, timeout=60) as admin:
+            for _ in range(3):
+                assert admin.post("/v2/repository/models/fast/load").status_code == 200
+                time.sleep(0.2)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        assert len(statuses) > 20 and set(statuses) == {200}
+        log = server.log_text()
+        for worker in (0, 1):  # each worker built the model anew three times
+            assert log.count(f"worker-{worker} queryserve.repository: model 'fast' retired") >= 3
+        # Loaded again everywhere: the model's figures restart from zero in both workers.
+        with httpx.Client(base_url=server.url, timeout=60) as admin:
+            assert admin.post("/v2/repository/models/fast/load").status_code == 200
+        figures = scrape(server.url)
+        assert figures.get("queryserve_inferences_total[('model', 'fast')]") == 0
+        # A model the repository does not have: refused, as one server refuses it.
+        with httpx.Client(base_url=server.url, timeout=60) as admin:
+            assert admin.post("/v2/repository/models/nope/load").status_code == 404
+    finally:
+        stop.set()
+
+
+def test_a_killed_worker_is_replaced_while_the_other_serves(
+        workers: tuple[RunningServer, int]) -> None:
+    server, _ = workers
+    victim = worker_pids(server)[0]
+    os.kill(victim, signal.SIGKILL)
+    statuses = []
+    deadline = time.monotonic() + 60
+    ready_again = False
+    while time.monotonic() < deadline and not ready_again:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            statuses.append(client.post("/v2/models/fast/infer",
+                                        json=infer_body("still here")).status_code)
+            ready_again = (len(worker_pids(server)) == 2 and worker_pids(server)[0] != victim
+                           and client.get("/v2/health/ready").status_code == 200)
+        time.sleep(0.05)
+    assert ready_again, server.log_text()
+    assert set(statuses) == {200}  # the other worker answered throughout
+    assert f"worker 0 (pid {victim}) died (exit -9)" in server.log_text()
+    assert scrape(server.url)["queryserve_worker_restarts_total[]"] == 1
+    assert len({answering_process(server.url) for _ in range(40)}) == 2  # both serve again
+
+
+def test_sigterm_with_2000_items_queued_answers_every_request_then_exits_0(
+        tmp_path: Path) -> None:
+    write_fake_model(tmp_path, "slow", max_batch_size=8, max_queue_size=4096, delay_ms=20)
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
+    pids = worker_pids(server)
+    items, per_request = 2000, 20
+
+    async def load() -> list[int | str]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            requests = [asyncio.ensure_future(client.post(
+                "/v2/models/slow/infer",
+                json=infer_body(*(f"query {i} item {j}" for j in range(per_request)))))
+                for i in range(items // per_request)]
+            await asyncio.sleep(1.0)  # every request written and queued (2,000 items at 8 a
+            # batch take 2.5 s per worker at 20 ms a batch)
+            server.process.send_signal(signal.SIGTERM)
+            return [r.status_code if isinstance(r, httpx.Response) else type(r).__name__
+                    for r in await asyncio.gather(*requests, return_exceptions=True)]
+
+    try:
+        outcomes = asyncio.run(load())
+        assert outcomes == [200] * (items // per_request)
+        assert server.process.wait(timeout=30) == 0
+        log = server.log_text()
+        assert log.count("every accepted request answered") == 2, log
+        assert "every worker drained and exited 0" in log and "Traceback" not in log
+        for pid in pids.values():  # no worker left behind
+            assert not Path(f"/proc/{pid}").exists() or \
+                "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
