@@ -114,7 +114,7 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     # machine (the fused and plain ones are close), so the expected points are named after it.
     served = json.loads((ROOT / "model_repository" / "embed" / "prepare.json").read_text())
     chosen = served["chosen"]
-    args = ("recommend", "--precisions", chosen, "--layouts", "1x1,2x1",
+    args = ("recommend", "--precisions", chosen, "--layouts", "1x1,2x1", "--workers", "1,2",
             "--max-batch-sizes", "64", "--delays-us", "0", "--overheads", "4",
             "--p99-ms", "1000",
             "--start-rate", "20", "--max-rate", "40", "--step-duration", "0.5",
@@ -123,10 +123,12 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     assert run.returncode == 0, run.stderr
     results = json.loads((tmp_path / "recommend.json").read_text())
     points = {p["id"]: p for p in results["points"]}
-    # The two points asked for, and the untuned reference: one instance on both cores, no
-    # batch cut (what the config reader does without those keys).
+    # The two layouts asked for, two workers of one core each (one instance of one thread),
+    # and the untuned reference: one instance on both cores, no batch cut (what the config
+    # reader does without those keys).
     untuned = f"{chosen}/b64/d0/1x2"
-    assert set(points) == {f"{chosen}/b64/d0/2x1/o4", f"{chosen}/b64/d0/1x1/o4", untuned}
+    assert set(points) == {f"{chosen}/b64/d0/2x1/o4", f"{chosen}/b64/d0/1x1/o4",
+                           f"{chosen}/b64/d0/1x1/o4/w2", untuned}
     assert all(p["max_rate"] == 40 and p["error"] is None for p in points.values())
     assert all(p["rss_mb"] and p["rss_mb"] > 50 for p in points.values())
     assert results["default"] == f"{chosen}/b64/d0/2x1/o4"
@@ -145,5 +147,5 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     t0 = time.monotonic()
     again = queryserve(*args)
     assert again.returncode == 0, again.stderr
-    assert again.stderr.count("measured in an earlier run") == 3
+    assert again.stderr.count("measured in an earlier run") == 4
     assert time.monotonic() - t0 < 20

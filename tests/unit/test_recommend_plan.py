@@ -67,14 +67,33 @@ def test_default_knobs_fit_the_cores_and_keep_the_current_values() -> None:
 
 def test_stages_vary_one_knob_around_the_best() -> None:
     best = Point("int8", 64, 0, 2, 1)
-    assert stage_points(0, best, KNOBS) == [Point("fp32", 64, 0, 2, 1), best]
-    assert {(p.instances, p.threads) for p in stage_points(1, best, KNOBS)} == set(KNOBS.layouts)
-    assert [p.max_batch_size for p in stage_points(2, best, KNOBS)] == [8, 64]
-    assert [p.max_queue_delay_us for p in stage_points(4, best, KNOBS)] == [0, 2000]
-    assert len(full_grid(KNOBS)) == 2 * 3 * 2 * 2
+    assert stage_points(0, best, KNOBS, 2) == [Point("fp32", 64, 0, 2, 1), best]
+    assert {(p.instances, p.threads) for p in stage_points(1, best, KNOBS, 2)} == \
+        set(KNOBS.layouts)
+    assert [p.max_batch_size for p in stage_points(3, best, KNOBS, 2)] == [8, 64]
+    assert [p.max_queue_delay_us for p in stage_points(5, best, KNOBS, 2)] == [0, 2000]
+    assert len(full_grid(KNOBS, 2)) == 2 * 3 * 2 * 2
     cuts = replace(KNOBS, overheads=(None, 4))
-    assert [p.batch_overhead_tokens for p in stage_points(3, best, cuts)] == [None, 4]
-    assert len(full_grid(cuts)) == 2 * 3 * 2 * 2 * 2
+    assert [p.batch_overhead_tokens for p in stage_points(4, best, cuts, 2)] == [None, 4]
+    assert len(full_grid(cuts, 2)) == 2 * 3 * 2 * 2 * 2
+
+
+def test_workers_are_a_knob_that_splits_the_cores() -> None:
+    knobs = default_knobs(FILES, Point("int8", 64, 0, 2, 1), cores=16)
+    assert knobs.workers == (1, 2, 4, 8, 16)
+    best = Point("int8", 64, 0, 2, 1)
+    # Each other worker count gets the cores split evenly; the best layout's two instances are
+    # kept where a worker's share allows, and its share spread over them.
+    assert [(p.workers, p.instances, p.threads) for p in stage_points(2, best, knobs, 16)] == \
+        [(1, 2, 1), (2, 2, 4), (4, 2, 2), (8, 2, 1), (16, 1, 1)]
+    assert all(p.cores <= 16 for p in stage_points(2, best, knobs, 16))
+    two = Point("int8", 64, 0, 1, 1, workers=2)
+    assert two.id == "int8/b64/d0/1x1/w2" and two.cores == 2
+    assert Point.from_params({**asdict(two), "cores": 2}) == two
+    # On 2 cores, the full grid keeps only the layouts that fit with each worker count.
+    grid = full_grid(replace(KNOBS, workers=(1, 2)), 2)
+    assert {(p.workers, p.instances, p.threads) for p in grid} == \
+        {(1, 1, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1)}
 
 
 def test_the_batch_overhead_is_a_knob() -> None:
@@ -120,7 +139,7 @@ def test_spinning_is_tried_with_each_layout_that_has_threads_to_spin() -> None:
     knobs = default_knobs(FILES, Point("int8", 64, 0, 2, 1), cores=2)
     assert knobs.spinning == (False, True)
     layouts = {(p.instances, p.threads, p.spinning)
-               for p in stage_points(1, Point("int8", 64, 0, 2, 1), knobs)}
+               for p in stage_points(1, Point("int8", 64, 0, 2, 1), knobs, 2)}
     assert layouts == {(1, 1, False), (1, 2, False), (1, 2, True), (2, 1, False)}
     spinning = Point("int8", 64, 0, 1, 2, spinning=True)
     assert spinning.id == "int8/b64/d0/1x2/spin"

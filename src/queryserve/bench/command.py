@@ -254,8 +254,8 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         "recommend", help="find the model config with the most throughput (or least cost) "
                           "under a latency bar",
         description="Serve the model in each candidate configuration (precision, max batch "
-                    "size, batch overhead, max queue delay, instances x threads), find each "
-                    "one's highest rate under the latency bar with the open-loop search, mark "
+                    "size, batch overhead, max queue delay, instances x threads, workers), find "
+                    "each one's highest rate under the latency bar with the open-loop search, mark "
                     "the Pareto front and write the winning model.yaml. Staged by default (one "
                     "knob at a time around the best so far); finished points are kept, so an "
                     "interrupted sweep resumes where it stopped.")
@@ -278,6 +278,9 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                      help="model variants to try (default: every one that passed its gate)")
     rec.add_argument("--layouts", type=_layouts, default=None,
                      help="instances x threads to try, e.g. 1x2,2x1 (default: all that fit)")
+    rec.add_argument("--workers", type=_ints, default=None,
+                     help="server worker processes to try, the cores split between them, "
+                          "e.g. 1,2,4 (default: 1 and each power of two up to the cores)")
     rec.add_argument("--spinning", type=_spinning, default=None,
                      help="ONNX Runtime thread spinning to try with multi-thread layouts: off, "
                           "on or off,on (default: off,on for ONNX models)")
@@ -325,7 +328,8 @@ def run_recommend_command(args: argparse.Namespace) -> None:
                   # Knobs not given stay empty: run_recommend takes the model's defaults.
                   knobs=Knobs(tuple(args.precisions or ()), tuple(args.layouts or ()),
                               tuple(args.max_batch_sizes or ()), tuple(args.delays_us or ()),
-                              tuple(args.spinning or ()), tuple(args.overheads or ())))
+                              tuple(args.spinning or ()), tuple(args.overheads or ()),
+                              tuple(args.workers or ())))
     console = Console(stderr=True)
     observer = PlainSteps() if args.no_progress else LiveSteps(console)
 

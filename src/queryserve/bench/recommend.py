@@ -76,7 +76,7 @@ def measure_point(sweep: Sweep, point: Point, config: dict[str, Any], files: dic
                               "rss_mb": None, "error": None}
     try:
         with serving(root, point.cores, sweep.total_cores,
-                     sweep.out_dir / "logs" / f"{safe}.log") as (url, proc):
+                     sweep.out_dir / "logs" / f"{safe}.log", workers=point.workers) as (url, proc):
             rate, result = _search(sweep, f"{url}/v2/models/{sweep.model}/infer", observer)
             record["rss_mb"] = peak_rss_mb(proc.pid)
     except BenchError as exc:
@@ -157,7 +157,7 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
     knobs = Knobs(given.precisions or base.precisions, given.layouts or base.layouts,
                   given.max_batch_sizes or base.max_batch_sizes,
                   given.delays_us or base.delays_us, given.spinning or base.spinning,
-                  given.overheads or base.overheads)
+                  given.overheads or base.overheads, given.workers or base.workers)
     unknown = set(knobs.precisions) - set(files)
     if unknown:
         raise BenchError(f"unknown precision {sorted(unknown)}: prepared are {sorted(files)}")
@@ -166,8 +166,8 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
     sweep.out_dir.mkdir(parents=True, exist_ok=True)
     (sweep.out_dir / "logs").mkdir(exist_ok=True)
     state_path = sweep.out_dir / STATE_FILE
-    # "points": 2 since points carry the batch overhead; an older state's ids name other points.
-    key = {"points": 2, "model": sweep.model, "threshold_ms": sweep.threshold_ms,
+    # "points": 3 since points carry the workers; an older state's ids name other points.
+    key = {"points": 3, "model": sweep.model, "threshold_ms": sweep.threshold_ms,
            "percentile": sweep.percentile, "step_duration_s": sweep.step_duration_s,
            "bodies": len(sweep.payloads.bodies), "price_per_hour": sweep.price_per_hour,
            "items_per_request": sweep.payloads.items_per_request}
@@ -189,11 +189,11 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
 
     untuned = plan.untuned_point(start, sweep.total_cores)
     if sweep.grid == "full":
-        measure([start, untuned, *plan.full_grid(knobs)])
+        measure([start, untuned, *plan.full_grid(knobs, sweep.total_cores)])
     else:
         best = start
         for stage in range(len(plan.STAGES)):
-            measure([best, *plan.stage_points(stage, best, knobs)])
+            measure([best, *plan.stage_points(stage, best, knobs, sweep.total_cores)])
             winner = plan.best_point([done[p.id] for p in measured], sweep.objective,
                                      sweep.percentile)
             if winner is not None:
@@ -233,7 +233,8 @@ def _results(sweep: Sweep, config: dict[str, Any], files: dict[str, str],
         results["best_model_yaml"] = (
             f"# Written by `queryserve recommend` on {results['started_at']}: the best point\n"
             f"# ({sweep.objective}) under {sweep.percentile} <= {sweep.threshold_ms:g} ms, "
-            f"{winner['max_rate']:,.0f} req/s measured. Serve it with --cores {point.cores}.\n"
+            f"{winner['max_rate']:,.0f} req/s measured. Serve it with --cores {point.cores} "
+            f"--workers {point.workers}.\n"
             + yaml.safe_dump(plan.point_yaml(config, point, files), sort_keys=False))
     else:
         results["best_model_yaml"] = None

@@ -3,11 +3,13 @@ with, and the rule that picks the winner. Pure functions of the model's config a
 variants (`prepare.json`); nothing here starts a server.
 
 A point is one configuration: the model file (precision), max batch size, max queue delay,
-instances x intra-op threads, and how the batcher cuts its queue (`batch_overhead_tokens`).
+instances x intra-op threads, how the batcher cuts its queue (`batch_overhead_tokens`), and the
+server's worker processes (`--workers`; each runs the instances x threads on its share).
 
 By default the sweep is staged, like Model Analyzer's quick search: vary one knob at a time
-around the best point so far (precision, then instances x threads, then max batch size, then
-the batch cut, then queue delay), about fifteen points instead of a full grid of hundreds.
+around the best point so far (precision, then instances x threads, then workers, then max batch
+size, then the batch cut, then queue delay), about fifteen points instead of a full grid of
+hundreds.
 `--grid full` measures every combination. Either way the sweep also measures the untuned
 reference (`untuned_point`), so the report says what tuning bought.
 """
@@ -36,17 +38,19 @@ class Point:
     spinning: bool = False  # ONNX Runtime's intra-op threads spin between batches
     # The batcher's cost per batch in padded tokens; None: as few batches as the limits allow.
     batch_overhead_tokens: int | None = None
+    workers: int = 1  # server processes, each with `instances` x `threads` of its own
 
     @property
     def id(self) -> str:
         return (f"{self.precision}/b{self.max_batch_size}/d{self.max_queue_delay_us}/"
                 f"{self.instances}x{self.threads}" + ("/spin" if self.spinning else "")
                 + ("" if self.batch_overhead_tokens is None
-                   else f"/o{self.batch_overhead_tokens}"))
+                   else f"/o{self.batch_overhead_tokens}")
+                + ("" if self.workers == 1 else f"/w{self.workers}"))
 
     @property
     def cores(self) -> int:
-        return self.instances * self.threads
+        return self.workers * self.instances * self.threads
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Point:
@@ -64,6 +68,7 @@ class Knobs:
     delays_us: tuple[int, ...]
     spinning: tuple[bool, ...] = ()  # tried with each layout of more than one thread
     overheads: tuple[int | None, ...] = ()  # batch_overhead_tokens; None: unset
+    workers: tuple[int, ...] = ()  # server processes
 
 
 # -- the model's knobs ---------------------------------------------------------------------
@@ -132,7 +137,8 @@ def default_knobs(files: dict[str, str], start: Point, cores: int,
     # padded tokens per batch measured for MiniLM (BENCHMARKS.md, "The batcher's cut").
     current = start.batch_overhead_tokens
     overheads = (None, *sorted({1, 4, 16} | ({current} if current is not None else set())))
-    return Knobs(tuple(files), layouts, batches, delays, spinning, overheads)
+    workers = tuple(w for w in (1, 2, 4, 8, 16, 32, 64) if w <= cores)
+    return Knobs(tuple(files), layouts, batches, delays, spinning, overheads, workers)
 
 
 def _layout_points(best: Point, knobs: Knobs) -> list[Point]:
@@ -141,29 +147,51 @@ def _layout_points(best: Point, knobs: Knobs) -> list[Point]:
             for spin in knobs.spinning or (best.spinning,) if t > 1 or not spin]
 
 
-def full_grid(knobs: Knobs) -> list[Point]:
+def _worker_points(best: Point, knobs: Knobs, cores: int) -> list[Point]:
+    """Each worker count, the cores split between the workers: each keeps the best layout's
+    instances where its share allows (fewer where not) and spreads its share over them. The
+    best point's own count is the best point itself."""
+    points = []
+    for workers in knobs.workers:
+        share = cores // workers
+        if workers == best.workers:
+            points.append(best)
+            continue
+        if share < 1:
+            continue
+        instances = min(best.instances, share)
+        points.append(replace(best, workers=workers, instances=instances,
+                              threads=share // instances,
+                              spinning=best.spinning and share // instances > 1))
+    return points
+
+
+def full_grid(knobs: Knobs, cores: int) -> list[Point]:
     return [replace(layout, precision=p, max_batch_size=b, max_queue_delay_us=d,
-                    batch_overhead_tokens=o)
+                    batch_overhead_tokens=o, workers=w)
             for layout in _layout_points(Point("", 0, 0, 1, 1), knobs)
+            for w in knobs.workers or (1,) if w * layout.instances * layout.threads <= cores
             for p in knobs.precisions for b in knobs.max_batch_sizes for d in knobs.delays_us
             for o in knobs.overheads or (None,)]
 
 
-def stage_points(stage: int, best: Point, knobs: Knobs) -> list[Point]:
-    """Stage 0 varies the precision around ``best``, 1 the layout, 2 the batch size, 3 the
-    batch overhead, 4 the delay."""
+def stage_points(stage: int, best: Point, knobs: Knobs, cores: int) -> list[Point]:
+    """Stage 0 varies the precision around ``best``, 1 the layout, 2 the workers, 3 the batch
+    size, 4 the batch overhead, 5 the delay."""
     if stage == 0:
         return [replace(best, precision=p) for p in knobs.precisions]
     if stage == 1:
         return _layout_points(best, knobs)
     if stage == 2:
-        return [replace(best, max_batch_size=b) for b in knobs.max_batch_sizes]
+        return _worker_points(best, knobs, cores)
     if stage == 3:
+        return [replace(best, max_batch_size=b) for b in knobs.max_batch_sizes]
+    if stage == 4:
         return [replace(best, batch_overhead_tokens=o) for o in knobs.overheads]
     return [replace(best, max_queue_delay_us=d) for d in knobs.delays_us]
 
 
-STAGES = ("precision", "instances x threads (spinning)", "max batch size",
+STAGES = ("precision", "instances x threads (spinning)", "workers", "max batch size",
           "batch cut (overhead tokens)", "max queue delay")
 
 

@@ -46,28 +46,46 @@ def free_port() -> int:
 
 
 def peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident memory, with its children's (a server of several workers
+    is its supervisor and their processes)."""
+    peaks = [_peak_kb(p) for p in (pid, *_children(pid))]
+    found = [kb for kb in peaks if kb is not None]
+    return round(sum(found) / 1024, 1) if found else None
+
+
+def _peak_kb(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
+                    return int(line.split()[1])
     except OSError:
         pass
     return None
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
 @contextlib.contextmanager
 def serving(repository: Path, cores: int, total_cores: int, log_path: Path,
-            grpc: str | None = "off") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+            grpc: str | None = "off", workers: int | None = None,
+            ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`queryserve serve` on a free loopback port, pinned to ``cores`` cores, until the block
     ends; yields (base URL, process) once the model is ready. ``grpc``: the `--grpc` address
     (off by default, so no fixed port is taken); None leaves the flag out, for a commit that
-    predates it."""
+    predates it. ``workers``: `--workers` (None leaves it out, the same way)."""
     port = free_port()
     cpus = sorted(os.sched_getaffinity(0))[:cores]
     command = [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
                "--http", f"127.0.0.1:{port}", "--cores", str(cores),
-               *(("--grpc", grpc) if grpc is not None else ())]
+               *(("--grpc", grpc) if grpc is not None else ()),
+               *(("--workers", str(workers)) if workers is not None else ())]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT,
