@@ -12,7 +12,9 @@ RELIABILITY.md shows them, in this order:
 4. `abusive`: slowloris, a connection flood, a 128 MB header line, a client that never reads;
 5. `maximal`: the largest valid request of each route among ordinary ones;
 6. `malformed`: thousands of generated malformed requests over every route;
-7. `batch-kill`: `queryserve batch duplicates` SIGKILLed at random points and resumed.
+7. `batch-kill`: `queryserve batch duplicates` SIGKILLed at random points and resumed;
+8. `workers`: `--workers 2`: SIGTERM with ~2,000 items queued, reloads under load, a worker
+   SIGKILLed under load.
 
 `--quick` runs each with small counts and short phases (a check that it runs, not figures to
 publish). `--only a,b` re-measures those scenarios and keeps the others' figures from the last
@@ -49,6 +51,7 @@ from faults import (  # noqa: E402
     overload,
     reload,
     sigterm,
+    workers,
 )
 from faults.common import OUT, REPOSITORY, Mode, log  # noqa: E402
 
@@ -56,7 +59,7 @@ from queryserve.bench.bench import machine  # noqa: E402
 
 SCENARIOS: dict[str, ModuleType] = {
     "overload": overload, "sigterm": sigterm, "reload": reload, "abusive": abusive,
-    "maximal": maximal, "malformed": malformed, "batch-kill": batch_kill,
+    "maximal": maximal, "malformed": malformed, "batch-kill": batch_kill, "workers": workers,
 }
 FIGURES = OUT / "reliability.json"
 

@@ -18,7 +18,8 @@ they run, and BENCHMARKS.md shows them, in this order:
 10. `search`: the search bar: ANN recall, hit@10 on misspelled songs, `/v1/search` under load;
 11. `duplicates`: product duplicates, trained two ways, served and as a batch job;
 12. `grpc`: KServe v2 over gRPC against HTTP on one server (perf_analyzer -i grpc / -i http,
-    and the max rate at p99 <= 10 ms over each).
+    and the max rate at p99 <= 10 ms over each);
+13. `workers`: the in-process ceiling of N processes, and `--workers N` served.
 
 `--only a,b` re-measures those sections and keeps the others' figures from the last run's
 bench-out/make-bench/bench.json.
@@ -54,6 +55,7 @@ from sections import (  # noqa: E402
     seq2seq,
     server,
     spell,
+    workers,
 )
 from sections.common import MODEL_DIR, OUT, log, machine_line  # noqa: E402
 
@@ -79,8 +81,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
                         help="re-measure only these sections (engines,server,recommend,peers,"
-                             "ceiling,optimize,seq2seq,spell,intent,search,duplicates,grpc); "
-                             "the rest come from bench-out/make-bench/bench.json")
+                             "ceiling,optimize,seq2seq,spell,intent,search,duplicates,grpc,"
+                             "workers); the rest come from bench-out/make-bench/bench.json")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (MODEL_DIR / "prepare.json").is_file():
@@ -102,6 +104,7 @@ def main() -> int:
         "search": ("10. the search bar", search.measure),
         "duplicates": ("11. product duplicates", duplicates.measure),
         "grpc": ("12. KServe v2 over gRPC against HTTP", grpc_front_end.measure),
+        "workers": ("13. workers", workers.measure),
     }
     if args.only and args.only - set(steps):
         parser.error(f"--only: no section {', '.join(sorted(args.only - set(steps)))}; "
@@ -142,6 +145,7 @@ def main() -> int:
         *search.render(figures["search"]), "",
         *duplicates.render(figures["duplicates"]), "",
         *grpc_front_end.render(figures["grpc"]), "",
+        *workers.render(figures["workers"]), "",
     ]
     recorded = (HERE / "recorded.md").read_text()
     args.out.write_text("\n".join(lines) + "\n" + recorded)

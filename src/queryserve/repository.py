@@ -69,6 +69,10 @@ class ModelRepository:
     errors: dict[str, str] = field(default_factory=dict)
     """Why a model that exists is not loaded (its load failed), for `/v2/repository/index`."""
     retiring: set[asyncio.Future[None]] = field(default_factory=set)
+    cap_instances: bool = False
+    """Run at most `cores` instances of a model (a worker of `--workers N`, whose share of the
+    cores may be smaller than a model's instance count: the workers together must not run
+    more threads than there are cores)."""
 
     def names(self) -> list[str]:
         """Models present in the repository folder, loaded or not."""
@@ -109,6 +113,10 @@ class ModelRepository:
         threads = 0
         if config.ensemble is None:
             count = config.instance_group.count
+            if self.cap_instances and count > self.cores:
+                log.info("model '%s': %d instances configured, %d run on this worker's %d "
+                         "core(s)", config.name, count, self.cores, self.cores)
+                count = self.cores
             threads = threads_per_instance(count, self.cores)
             if count > self.cores:
                 log.warning("model '%s': %d instances on %d cores oversubscribe the CPU",

@@ -71,7 +71,7 @@ class ServeOptions:
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
-    repository = ModelRepository(options.repository)
+    repository = ModelRepository(options.repository, cap_instances=options.seat is not None)
     if options.cores is not None:
         repository.cores = options.cores
     auth = AccessControl.for_server(options.host, options.api_keys, options.allowed_hosts,

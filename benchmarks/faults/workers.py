@@ -1,0 +1,216 @@
+"""`queryserve serve --workers 2`: the SIGTERM, reload and kill scenarios against two workers
+behind one port. Targets: with ~2,000 items queued over both workers, no request sent before
+SIGTERM gets anything but a 200 and the supervisor exits 0 within the drain timeout with no
+worker left; reloads of `embed` under load fail no request and reach both workers; a worker
+SIGKILLed under load is replaced and serves again within 30 s while the other answers, the
+only requests lost being those in flight on the killed one."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from faults.client import Background, Stream, summarize
+from faults.common import (
+    OUT,
+    STOP_TIMEOUT_S,
+    Mode,
+    Server,
+    groups,
+    kserve_body,
+    log,
+    ms,
+    one_model_repository,
+    queries,
+    serving,
+    verdict,
+)
+from faults.reload import reload_embed
+
+TITLE = "Two workers (`--workers 2`): SIGTERM, reloads and a killed worker"
+PATH = "/v2/models/embed/infer"
+FLAGS = ("--workers", "2", "--cores", "2")
+QUEUE = 4096
+DRAIN_S = 30.0
+REPLACE_S = 30.0
+
+
+def worker_pids(server: Server) -> dict[int, int]:
+    """Each worker's current pid, from the supervisor's log."""
+    return {int(w): int(p) for w, p in
+            re.findall(r"worker (\d+) started \(pid (\d+)\)", server.log_text())}
+
+
+def measure(mode: Mode) -> dict[str, Any]:
+    return {"sigterm": _sigterm(mode), "reload": _reload(mode), "kill": _kill(mode)}
+
+
+def _sigterm(mode: Mode) -> dict[str, Any]:
+    target = mode.pick(2000, 1000)
+    repository = one_model_repository("embed", OUT / "repositories" / "workers-sigterm",
+                                      max_queue_size=QUEUE)
+    stream = Stream(PATH, [kserve_body(g) for g in groups(16, 256)], 300.0,
+                    connections=32, max_connections=2048)
+    with serving(repository, "workers-sigterm", *FLAGS) as server:
+        pids = worker_pids(server)
+        with Background(server.url, stream, max_s=120, drain_s=DRAIN_S + 10) as load:
+            depth, deadline = 0.0, time.monotonic() + 30
+            while depth < target and time.monotonic() < deadline:
+                time.sleep(0.05)
+                depth = server.metric("queryserve_queue_depth", "embed") or 0.0
+            log(f"workers: {depth:,.0f} items queued over both workers; SIGTERM")
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            try:
+                code: int | None = server.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                code = None
+            exit_s = time.monotonic() - signalled
+            time.sleep(1.0)
+            (records,) = load.stop()
+        drained = server.log_text().count("every accepted request answered")
+    left = [pid for pid in pids.values() if _alive(pid)]
+    before = summarize(records, end=signalled, by="written")
+    return {
+        "queued_at_signal": depth, "before": before, "exit_code": code,
+        "exit_s": round(exit_s, 2), "workers_drained": drained, "left_behind": left,
+        "verdicts": [
+            verdict(before["non_200"] == 0,
+                    f"SIGTERM: {before['non_200']} non-200 among the {before['requests']:,} "
+                    f"requests sent before the signal, {depth:,.0f} items queued at it "
+                    "(target: 0)"),
+            verdict(code == 0 and exit_s <= DRAIN_S and drained == 2 and not left,
+                    f"SIGTERM: exit code {code} after {exit_s:.2f} s, {drained} of 2 workers "
+                    f"drained, {len(left)} left running (target: 0 within {DRAIN_S:.0f} s, "
+                    "both drained, none left)"),
+        ],
+    }
+
+
+def _reload(mode: Mode) -> dict[str, Any]:
+    reloads = mode.pick(10, 3)
+    repository = one_model_repository("embed", OUT / "repositories" / "workers-reload")
+    stream = Stream(PATH, [kserve_body([q]) for q in queries(2000)], 200.0, connections=8)
+    with serving(repository, "workers-reload", *FLAGS) as server:
+        with Background(server.url, stream, max_s=600, drain_s=10) as load:
+            time.sleep(2.0)
+            log(f"workers: {reloads} reloads of embed under 200 req/s")
+            loaded = [reload_embed(server) for _ in range(reloads)]
+            time.sleep(2.0)
+            (records,) = load.stop()
+        time.sleep(2.0)  # the last retired models' queues run out
+        text = server.log_text()
+    retired = [text.count(f"worker-{w} queryserve.repository: model 'embed' retired")
+               for w in (0, 1)]
+    whole = summarize(records)
+    statuses = [status for status, _ in loaded]
+    return {
+        "reloads": reloads, "statuses": statuses, "retired": retired, "load": whole,
+        "reload_s": [round(s, 2) for _, s in loaded],
+        "verdicts": [
+            verdict(whole["non_200"] == 0 and set(statuses) == {200},
+                    f"reloads: {whole['non_200']} non-200 among {whole['requests']:,} "
+                    f"requests while embed was reloaded {reloads} times; every reload "
+                    f"answered {sorted(set(statuses))} (target: 0 and 200)"),
+            verdict(min(retired) >= reloads,
+                    f"reloads: worker 0 retired {retired[0]} and worker 1 {retired[1]} "
+                    f"models (target: {reloads} each: every reload reached both)"),
+        ],
+    }
+
+
+def _kill(mode: Mode) -> dict[str, Any]:
+    repository = one_model_repository("embed", OUT / "repositories" / "workers-kill")
+    stream = Stream(PATH, [kserve_body([q]) for q in queries(2000)], 200.0, connections=8)
+    with serving(repository, "workers-kill", *FLAGS) as server:
+        with Background(server.url, stream, max_s=300, drain_s=10) as load:
+            time.sleep(mode.pick(5.0, 2.0))
+            victim = worker_pids(server)[0]
+            log(f"workers: SIGKILL worker 0 (pid {victim}) under 200 req/s")
+            killed = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            ready_s = _until_ready_again(server, victim, killed)
+            time.sleep(mode.pick(5.0, 2.0))
+            (records,) = load.stop()
+        restarts = server.metric("queryserve_worker_restarts_total")
+    during = summarize(records, killed, killed + (ready_s or REPLACE_S))
+    in_flight = summarize(records, killed, killed, by="in flight")
+    after = summarize(records, killed + (ready_s or REPLACE_S))
+    return {
+        "ready_again_s": ready_s, "restarts": restarts, "in_flight": in_flight,
+        "during": during, "after": after,
+        "verdicts": [
+            verdict(ready_s is not None and ready_s <= REPLACE_S and restarts == 1,
+                    f"kill: worker 0 replaced and the server ready again after "
+                    f"{'never' if ready_s is None else f'{ready_s:.1f} s'}; "
+                    f"queryserve_worker_restarts_total {restarts} (target: within "
+                    f"{REPLACE_S:.0f} s, 1)"),
+            verdict(during["outcomes"].get("200", 0) > 0
+                    and during["non_200"] <= in_flight["requests"] and after["non_200"] == 0,
+                    f"kill: {during['non_200']} of {during['requests']:,} requests scheduled "
+                    f"while it was replaced failed ({in_flight['requests']} were in flight at "
+                    f"the kill), {after['non_200']} of {after['requests']:,} after (target: "
+                    "only those in flight lost; the other worker answers throughout)"),
+        ],
+    }
+
+
+def _until_ready_again(server: Server, victim: int, killed: float) -> float | None:
+    """Seconds from the kill until a new worker 0 serves and the server is ready."""
+    import urllib.error
+    import urllib.request
+
+    while time.monotonic() - killed < REPLACE_S:
+        time.sleep(0.05)
+        if worker_pids(server).get(0) in (None, victim):
+            continue
+        try:
+            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - killed
+        except (urllib.error.URLError, OSError):
+            pass
+    return None
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text().lower()
+
+
+def render(f: dict[str, Any]) -> list[str]:
+    s, r, k = f["sigterm"], f["reload"], f["kill"]
+    before = s["before"]
+    return [
+        "`embed` alone, served by `queryserve serve --workers 2 --cores 2` (two workers of one",
+        "core each, one instance each): the same faults as sections 2 and 3, and a worker",
+        "killed. Figures are the whole server's (`/metrics` sums both workers).",
+        "",
+        "| scenario | figure | value |",
+        "|---|---|---|",
+        f"| SIGTERM, 300 req/s of 16 queries, `max_queue_size` {QUEUE:,} | items queued at "
+        f"the signal (both workers) | {s['queued_at_signal']:,.0f} |",
+        f"| | requests sent before the signal | {before['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in before["outcomes"].items()) + " |",
+        f"| | signal to exit; exit code; workers drained; left running | {s['exit_s']:.2f} s; "
+        f"{s['exit_code']}; {s['workers_drained']} of 2; {len(s['left_behind'])} |",
+        f"| {r['reloads']} reloads of `embed` under 200 req/s | requests | "
+        f"{r['load']['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in r["load"]["outcomes"].items())
+        + f" (p99 {ms(r['load']['p99_ms'])} ms) |",
+        f"| | each reload (answered when both workers had loaded) | "
+        f"{', '.join(f'{x:.1f}' for x in r['reload_s'])} s |",
+        f"| | models retired, worker 0 / worker 1 | {r['retired'][0]} / {r['retired'][1]} |",
+        "| worker 0 SIGKILLed under 200 req/s | kill to ready again (a new worker 0 serving) | "
+        + ("never" if k["ready_again_s"] is None else f"{k['ready_again_s']:.1f} s") + " |",
+        f"| | requests in flight at the kill | {k['in_flight']['requests']} |",
+        f"| | requests scheduled until ready again | {k['during']['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in k["during"]["outcomes"].items()) + " |",
+        f"| | requests after | {k['after']['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in k["after"]["outcomes"].items()) + " |",
+    ]
