@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import importlib
+import importlib.util
 import io
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import kubernetes.client.models as kubernetes_models
@@ -182,14 +187,28 @@ class NotTheModel(Exception):
     """A manifest that the package's models do not describe."""
 
 
+@functools.cache
+def _kserve_models() -> ModuleType:
+    """`kserve.models`, without running `kserve/__init__.py`: that imports KServe's own copy of
+    the v2 gRPC protos, and protobuf's default pool holds one definition of each `inference.*`
+    name, so whichever of KServe's and the server's came second would fail to load (both do
+    in one pytest run)."""
+    if "kserve" not in sys.modules:
+        spec = importlib.util.find_spec("kserve")  # found, not run
+        assert spec is not None and spec.submodule_search_locations is not None
+        package = ModuleType("kserve")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["kserve"] = package
+    return importlib.import_module("kserve.models")
+
+
 def deserialize(data: Any, type_name: str, path: str) -> Any:
     """`data` as an instance of the OpenAPI-generated type `type_name`, strictly: a field the
     model does not have, a value of the wrong type or a missing required field (the models'
     own client-side validation) fails with the path to it. Types are looked up in
     `kserve.models`, then in `kubernetes.client.models` (KServe's models name Kubernetes' for
     containers, volumes and metadata; its own ApiClient looks only in `kserve.models`)."""
-    import kserve.models as kserve_models
-
+    kserve_models = _kserve_models()
     if data is None:
         return None
     # KServe's models write `list[T]` and `dict(str, T)`; Kubernetes' (client 34+),

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future as ThreadFuture
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -47,13 +47,63 @@ class Stages(Protocol[P_in, R_out]):
     def split(self, outputs: dict[str, Array], payloads: Sequence[P_in]) -> Sequence[R_out]: ...
 
 
+Job = tuple[Callable[..., Any], tuple[Any, ...], Callable[[Any, BaseException | None], None]]
+
+
+class InstanceThread:
+    """The one thread that runs an instance's batches, in order.
+
+    Not a one-thread `ThreadPoolExecutor`: each batch costs it a Future, two locks and a done
+    callback, on the event loop's thread, for every request of a cheap model. Here a batch is
+    one tuple put on a queue, and its outcome goes to `done` on this thread (which hands it to
+    the loop)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, function: Callable[..., Any], args: tuple[Any, ...],
+               done: Callable[[Any, BaseException | None], None]) -> None:
+        self._jobs.put((function, args, done))
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Run `function` on this thread and wait for it (warmup, before serving)."""
+        finished = threading.Event()
+        outcome: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            outcome.extend((result, error))
+            finished.set()
+
+        self.submit(function, args, done)
+        finished.wait()
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result
+
+    def shutdown(self) -> None:
+        """Stop once the batches already submitted have run."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            function, args, done = job
+            try:
+                result, error = function(*args), None
+            except BaseException as exc:  # the batch's failure, reported on the loop
+                result, error = None, exc
+            done(result, error)
+
+
 @dataclass(frozen=True, slots=True)
 class Instance:
     """A model instance: a backend session and the one thread that runs it."""
 
     index: int
     backend: Backend
-    thread: ThreadPoolExecutor
+    thread: InstanceThread
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +131,7 @@ class Scheduler(Generic[P, R]):
         self.batcher: DynamicBatcher[P] = DynamicBatcher(batching, max_batch_size, model)
         self.default_timeout_s = batching.default_timeout_microseconds / 1e6
         self.instances = [
-            Instance(i, backend, ThreadPoolExecutor(1, thread_name_prefix=f"{model}-{i}"))
+            Instance(i, backend, InstanceThread(f"{model}-{i}"))
             for i, backend in enumerate(backends)
         ]
         self._free = list(reversed(self.instances))
@@ -166,14 +216,14 @@ class Scheduler(Generic[P, R]):
     def _dispatch(self, instance: Instance, batch: list[QueuedItem[P]]) -> None:
         started = self.clock()
         payloads = [item.payload for item in batch]
-        work = instance.thread.submit(self._execute, instance.backend, payloads)
         loop = self._loop
         assert loop is not None
 
-        def done(result: ThreadFuture[tuple[Sequence[R], BatchTimes]]) -> None:
-            loop.call_soon_threadsafe(self._complete, instance, batch, started, result)
+        def done(result: tuple[Sequence[R], BatchTimes] | None,
+                 error: BaseException | None) -> None:  # on the instance's thread
+            loop.call_soon_threadsafe(self._complete, instance, batch, started, result, error)
 
-        work.add_done_callback(done)
+        instance.thread.submit(self._execute, (instance.backend, payloads), done)
 
     def _execute(self, backend: Backend, payloads: list[P]) -> tuple[Sequence[R], BatchTimes]:
         """Runs on the instance's thread."""
@@ -187,11 +237,15 @@ class Scheduler(Generic[P, R]):
         return rows, BatchTimes(t1 - t0, t2 - t1, t3 - t2)
 
     def _complete(self, instance: Instance, batch: list[QueuedItem[P]], started: float,
-                  result: ThreadFuture[tuple[Sequence[R], BatchTimes]]) -> None:
+                  result: tuple[Sequence[R], BatchTimes] | None,
+                  error: BaseException | None) -> None:
         """Back on the loop: resolve the batch's futures, free the instance, schedule more."""
         self._free.append(instance)
         try:
-            rows, times = result.result()
+            if error is not None:
+                raise error
+            assert result is not None
+            rows, times = result
             if len(rows) != len(batch):
                 raise ModelFailed(f"the pipeline returned {len(rows)} rows for a batch of "
                                   f"{len(batch)}")
@@ -220,7 +274,7 @@ class Scheduler(Generic[P, R]):
     def run_now(self, payloads: Sequence[P]) -> None:
         """Run one batch on every instance, synchronously (warmup, before the model is ready)."""
         for instance in self.instances:
-            instance.thread.submit(self._execute, instance.backend, list(payloads)).result()
+            instance.thread.call(self._execute, instance.backend, list(payloads))
 
     def close(self) -> asyncio.Future[None]:
         """Stop taking work and run what is queued to the end, on the loop. The future resolves
@@ -237,7 +291,7 @@ class Scheduler(Generic[P, R]):
         if self._timer is not None:
             self._timer.cancel()
         for instance in self.instances:
-            instance.thread.shutdown(wait=False)
+            instance.thread.shutdown()
         # Drop the sessions now rather than when the cyclic collector finds the retired
         # pipeline: a reload would otherwise hold two models' memory until a full collection.
         self.instances, self._free = [], []
