@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from queryserve import cli
+from queryserve.duplicates.hard_pairs import HARD_PAIRS
 from queryserve.duplicates.tables import read_pairs
 from queryserve.pipelines.pairs.features import FEATURES, features_array
 from queryserve.pipelines.pairs.head import PairHead
@@ -190,6 +191,11 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
     assert {v["parity"]["threshold"] for v in report["variants"] if v["parity"]} \
         == {body["threshold"]}
     assert f"decision at {body['threshold']:g}" in report["reason"]
+    # ... and held every variant to the original's decision on each hard pair.
+    assert report["gate"]["hard_items"] == [p.name for p in HARD_PAIRS]
+    chosen = next(v for v in report["variants"] if v["name"] == report["chosen"])
+    assert [h["name"] for h in chosen["parity"]["hard"]] == report["gate"]["hard_items"]
+    assert not any(h["flipped"] for h in chosen["parity"]["hard"])
     # KServe v2, as tritonclient sends it: two BYTES inputs.
     import tritonclient.http as triton
 
@@ -225,13 +231,15 @@ def test_the_bi_encoder_is_served_too(real_server: RunningServer) -> None:
 
 
 def test_the_cross_encoder_tells_a_decisive_token(real_server: RunningServer) -> None:
-    """The committed model, the default of `/v1/duplicates`, on the issue's example: one token
-    apart is another product."""
-    pairs = [["apple ipod nano 8gb", "apple ipod touch 8gb"],
-             ["apple ipod nano 8gb silver", "apple 8gb ipod nano - silver"]]
+    """The committed model, the default of `/v1/duplicates`, on the issue's example and the
+    other hard pairs: one token apart is another product. Prepare's gate holds every variant
+    to the original's decision on these, so the answer does not depend on which variant the
+    host found fastest."""
+    pairs = [[p.left, p.right] for p in HARD_PAIRS]
     answer = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={"pairs": pairs})
     results = answer.json()["results"]
-    assert [r["duplicate"] for r in results] == [False, True], results
+    assert [r["duplicate"] for r in results] == [p.duplicate for p in HARD_PAIRS], results
+    assert pairs[0] == ["apple ipod nano 8gb", "apple ipod touch 8gb"]
     threshold = json.loads((ROOT / "models/duplicates/TRAINING.json").read_text())["threshold"]
     assert answer.json()["threshold"] == threshold
 

@@ -1,5 +1,6 @@
 """`queryserve prepare`'s bookkeeping: a prepared model is rebuilt when the committed model it
-was made from changes, and what an older release made from a model that is gone is removed."""
+was made from changes or when its gate held other hard inputs, and what an older release made
+from a model that is gone is removed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from queryserve.duplicates.hard_pairs import HARD_PAIRS
+from queryserve.optimize.gate import HardItem, Parity
+from queryserve.optimize.plan import VariantReport
 from queryserve.optimize.recipes import RECIPES_VERSION
-from queryserve.prepare import _already_prepared, _trained, retire_old_models
+from queryserve.prepare import _already_prepared, _say_flips, _trained, retire_old_models
 
 
 def _prepared(target: Path, **report: object) -> None:
@@ -50,3 +54,43 @@ def test_what_a_retired_model_left_is_removed(tmp_path: Path, monkeypatch: pytes
     assert (tmp_path / "other" / "duplicates-cross" / "model.onnx").is_file()  # not prepare's
     assert "no longer has; removing it" in capsys.readouterr().out
     retire_old_models(tmp_path / "nothing-here")  # a fresh repository: nothing to do
+
+
+def test_a_duplicates_folder_gated_without_the_hard_pairs_is_prepared_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An older release's gate held no hard pair and may serve a variant that flips one (the
+    AMD EPYC's int8-smoothquant-fused called the ipod nano and touch one product)."""
+    source = tmp_path / "models" / "duplicates"
+    source.mkdir(parents=True)
+    (source / "TRAINING.json").write_text('{"threshold": 0.2}')
+    names = [p.name for p in HARD_PAIRS]
+    old = tmp_path / "old" / "duplicates"
+    _prepared(old, **_trained(source), gate={"reduced": {"top1_agreement_min": 0.99}})
+    assert not _already_prepared(old, "model.onnx", False, source=source, hard_items=names)
+    assert "its gate held other hard inputs than this release's 2; rebuilding it" \
+        in capsys.readouterr().out
+    assert (old / "model.onnx").is_file()  # replaced by the rebuild, not removed beforehand
+    new = tmp_path / "new" / "duplicates"
+    _prepared(new, **_trained(source), gate={"hard_items": names})
+    assert _already_prepared(new, "model.onnx", False, source=source, hard_items=names)
+    # Another list (a pair added) is another gate; the encoders without hard inputs stay.
+    assert not _already_prepared(new, "model.onnx", False, source=source,
+                                 hard_items=[*names, "'a' / 'b'"])
+    assert _already_prepared(old, "model.onnx", False, source=source)
+
+
+def test_prepare_names_each_variant_refused_for_a_hard_pair(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    name = HARD_PAIRS[0].name
+    flipped = HardItem(name, 0.12, (0.284, 0.284), True)
+    held = HardItem(HARD_PAIRS[1].name, 0.93, (0.91, 0.91), False)
+    refused = Parity("int8", "top1", 0.9922, 0.9922, 0.18, (1, 32), False, 0.2, (flipped, held))
+    kept = Parity("int8", "top1", 0.996, 0.996, 0.1, (1, 32), True, 0.2, (held, held))
+    _say_flips("duplicates", [
+        VariantReport("int8-smoothquant-fused", "int8", "fused", False, refused, {}, None),
+        VariantReport("int8-smoothquant", "int8", "plain", True, kept, {}, "model.onnx"),
+        VariantReport("fp16-fused", "fp16", "fp16", False, None, {}, None, error="no GPU")])
+    assert capsys.readouterr().out.splitlines() == [
+        f"duplicates: the gate refused int8-smoothquant-fused: the hard input {name} is decided "
+        "otherwise than by the original at 0.2: P 0.120 in the original, 0.284/0.284 in this "
+        "variant at batch sizes 1/32"]

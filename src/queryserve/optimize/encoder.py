@@ -9,7 +9,8 @@ its batch, and the gate has to hold for the batches the server forms.
   min >= 0.97) and, for normalising models, unit rows;
 - classify and pair: agreement of the top-1 label, or of the decision at the served threshold
   where the plan gives one (fp32: >= 99.9% and probabilities within 1e-3; reduced precision:
-  >= 99%).
+  >= 99%); and every hard input the plan names decided exactly as the original decides it, at
+  every batch size (a variant that flips one fails, named in its shortfall).
 The original is sentence-transformers itself for a sentence-transformers folder (the embed
 task), and otherwise the Hugging Face model in PyTorch wrapped with the same pooling or softmax
 as the graph (`export.wrap`).
@@ -26,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -44,9 +46,11 @@ from queryserve.optimize.gate import (
     REDUCED_MIN_MEAN,
     REDUCED_MIN_MIN,
     Decision,
+    HardItem,
     Parity,
     bounds_met,
     compare,
+    hard_items,
 )
 from queryserve.optimize.plan import (
     PARITY_BATCH_SIZES,
@@ -196,10 +200,17 @@ def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequenc
     return _outputs(session, tokenizer, queries, batch_size)
 
 
+class Hard(NamedTuple):
+    """The plan's hard inputs and what the original returns for them."""
+
+    items: Mapping[str, Item]
+    reference: Floats
+
+
 def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
             reference: Floats, precision: Precision, batch_sizes: Sequence[int], *,
             metric: str = "cosine", normalized: bool = True,
-            decision: Decision | None = None) -> Parity:
+            decision: Decision | None = None, hard: Hard | None = None) -> Parity:
     output = session.get_outputs()[0].name
     _check_contract(session, output, reference.shape[1])
     results = [compare(metric, _outputs(session, tokenizer, items, b), reference, normalized,
@@ -208,8 +219,21 @@ def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence
     minimum = min(r[1] for r in results)
     error = max(r[2] for r in results)
     threshold = None if decision is None else decision.threshold
-    draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True, threshold)
+    draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True, threshold,
+                   _hard_items(session, tokenizer, hard, batch_sizes, decision))
     return replace(draft, passed=bounds_met(draft))
+
+
+def _hard_items(session: ort.InferenceSession, tokenizer: Tokenizer, hard: Hard | None,
+                batch_sizes: Sequence[int], decision: Decision | None) -> tuple[HardItem, ...]:
+    """The hard inputs as the variant decides them at each batch size: alone at batch 1, all
+    together at a larger size, as one request of them all is batched (int8's dynamic scales
+    depend on the batch and its padding, so each is checked as it may be served)."""
+    if hard is None:
+        return ()
+    items = list(hard.items.values())
+    outputs = [_outputs(session, tokenizer, items, b) for b in batch_sizes]
+    return hard_items(list(hard.items), outputs, hard.reference, decision)
 
 
 def parity(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], reference: Floats, *,
@@ -311,6 +335,9 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
     recipes = recipes_for(plan.precisions)
     metric = "cosine" if source.task == "embed" else "top1"
     normalized = source.task == "embed" and source.normalize
+    if plan.hard_items and metric != "top1":
+        raise ExportError("hard inputs are decided by a classifier or a pair model; the "
+                          f"{source.task} task has no decision to hold")
     # Build next to the destination so the final moves are renames on one filesystem.
     with tempfile.TemporaryDirectory(dir=model_dir.parent, prefix=f".{model_dir.name}-") as tmp, \
             progress_display(progress) as display:
@@ -323,10 +350,13 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
         tokenizer = load_tokenizer(tokenizer_src, source.max_length)
         steps.next("outputs of the original model")
         reference = original_outputs(source, tokenizer, plan.parity_items)
+        hard = (Hard(plan.hard_items,
+                     original_outputs(source, tokenizer, list(plan.hard_items.values())))
+                if plan.hard_items else None)
         steps.next("parity of fp32")
         results = {"fp32": _parity(_session(fp32_path), tokenizer, plan.parity_items, reference,
                                    "fp32", plan.parity_batch_sizes, metric=metric,
-                                   normalized=normalized, decision=plan.decision)}
+                                   normalized=normalized, decision=plan.decision, hard=hard)}
         if not results["fp32"].passed:
             raise ExportError(f"the fp32 ONNX export fails its accuracy gate: "
                               f"{results['fp32'].shortfall()} ({results['fp32'].describe()})")
@@ -342,7 +372,7 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                     results[recipe.name] = _parity(
                         _session(built[recipe.name]), tokenizer, plan.parity_items, reference,
                         recipe.precision, plan.parity_batch_sizes, metric=metric,
-                        normalized=normalized, decision=plan.decision)
+                        normalized=normalized, decision=plan.decision, hard=hard)
                 except Exception as error:  # a graph the runtime cannot load or run
                     errors[recipe.name] = f"{type(error).__name__}: {error}"
                     del paths[recipe.name]
@@ -412,7 +442,9 @@ def _write_report(report: PrepareReport, plan: Plan) -> None:
                           "max_probability_error": FP32_MAX_PROBABILITY_ERROR},
                  "reduced": {"mean_min": REDUCED_MIN_MEAN, "min_min": REDUCED_MIN_MIN,
                              "top1_agreement_min": REDUCED_MIN_AGREEMENT},
-                 "max_norm_error": NORM_TOLERANCE},
+                 "max_norm_error": NORM_TOLERANCE,
+                 # every variant decides each exactly as the original (prepare reads this back)
+                 "hard_items": list(plan.hard_items)},
         "parity_queries": len(plan.parity_items),
         "calibration_texts": len(plan.calibration_items),
         "timing": {"batch_sizes": list(TIMING_BATCH_SIZES),

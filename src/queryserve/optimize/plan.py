@@ -97,6 +97,9 @@ class Plan:
     measure_original: bool = False  # time the PyTorch original for the report
     model_config: str | None = None  # model.yaml to write, or None to keep the folder's own
     decision: Decision | None = None  # a pair model served at its own threshold (the gate's)
+    # classify and pair: name -> input (as the model reads it) that every variant must decide
+    # exactly as the original does, at every parity batch size (gate.HardItem)
+    hard_items: Mapping[str, Item] = field(default_factory=dict)
     extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
 
 
