@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -52,12 +51,11 @@ from asgi_app import REPOSITORY_VARIABLE  # noqa: E402
 from sections.common import ROOT, bench, log, machine_line  # noqa: E402
 from tests.conftest import write_fake_model  # noqa: E402
 
-from queryserve.bench.server_process import free_port  # noqa: E402
+from queryserve.bench.server_process import free_port, wait_ready  # noqa: E402
 
 OUT = ROOT / "bench-out" / "transports"
 MODEL = "fast"
 TRANSPORTS = ("queryserve", "uvicorn", "granian")
-READY_TIMEOUT_S = 120.0
 PROBE = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES",
                                 "data": ["play some jazz music"]}]}).encode()
 
@@ -99,20 +97,6 @@ def serving(transport: str, repository: Path,
             yield url, proc
         finally:
             stop(proc)
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError("the server exited before it was ready:\n  " + "\n  ".join(tail))
-        with (contextlib.suppress(urllib.error.URLError, OSError),
-              urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as resp):
-            if resp.status == 200:
-                return
-        time.sleep(0.25)
-    raise RuntimeError(f"the server at {url} was not ready within {READY_TIMEOUT_S:.0f} s")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -93,7 +93,7 @@ def serving(repository: Path, cores: int, total_cores: int, log_path: Path,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cores < total_cores else None)
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_ready(url, proc, log_path)
+            wait_ready(url, proc, log_path)
             yield url, proc
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -104,7 +104,9 @@ def serving(repository: Path, cores: int, total_cores: int, log_path: Path,
                 proc.wait(timeout=5)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Until `/v2/health/ready` at `url` answers 200; a BenchError with the log's tail if the
+    process exits first, or after READY_TIMEOUT_S."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
