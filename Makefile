@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip install -q --disable-pip-version-check
 HTTP   ?= 127.0.0.1:8000
 GRPC   ?= 127.0.0.1:8001
 
-.PHONY: setup prepare run test bench lint
+.PHONY: setup prepare run test bench lint image
 
 setup: $(STAMP)
 
@@ -14,12 +14,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -c constraints.txt -e ".[export,dev]"
+	$(PIP) -c constraints.txt -e ".[export,tools,dev]"
 	@# perf_analyzer (bundled in the tritonclient wheel) needs Debian's libb64; the browser
 	@# tests drive Debian's chromium through Playwright (no browser download).
-	@dpkg -s libb64-0d chromium iproute2 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-		(apt-get update -qq && apt-get install -y -qq libb64-0d chromium iproute2 >/dev/null) || \
-		echo "note: install Debian's libb64-0d and chromium (perf_analyzer, browser tests)"; }
+	@dpkg -s libb64-0d chromium iproute2 haproxy >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq libb64-0d chromium iproute2 haproxy >/dev/null) || \
+		echo "note: install Debian's libb64-0d, chromium, haproxy (perf_analyzer, browser, rolling tests)"; }
 	touch $(STAMP)
 
 prepare: setup
@@ -36,6 +36,11 @@ bench: prepare
 	$(PY) benchmarks/peers/peers.py install
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/reliability.py
+
+# The server's image, localhost/queryserve:latest, with the prepared models inside: podman, no
+# daemon, no registry (README.md, "Container image"). IMAGE=NAME:TAG names it otherwise.
+image: prepare
+	deploy/image/build.sh
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
