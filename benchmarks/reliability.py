@@ -14,7 +14,9 @@ RELIABILITY.md shows them, in this order:
 6. `malformed`: thousands of generated malformed requests over every route;
 7. `batch-kill`: `queryserve batch duplicates` SIGKILLed at random points and resumed;
 8. `workers`: `--workers 2`: SIGTERM with ~2,000 items queued, reloads under load, a worker
-   SIGKILLed under load.
+   SIGKILLed under load;
+9. `rolling`: replicas behind HAProxy under load, each replaced in turn for several rounds,
+   then scaled 1 -> 3 -> 1.
 
 `--quick` runs each with small counts and short phases (a check that it runs, not figures to
 publish). `--only a,b` re-measures those scenarios and keeps the others' figures from the last
@@ -50,6 +52,7 @@ from faults import (  # noqa: E402
     maximal,
     overload,
     reload,
+    rolling,
     sigterm,
     workers,
 )
@@ -60,6 +63,7 @@ from queryserve.bench.bench import machine  # noqa: E402
 SCENARIOS: dict[str, ModuleType] = {
     "overload": overload, "sigterm": sigterm, "reload": reload, "abusive": abusive,
     "maximal": maximal, "malformed": malformed, "batch-kill": batch_kill, "workers": workers,
+    "rolling": rolling,
 }
 FIGURES = OUT / "reliability.json"
 

@@ -133,20 +133,25 @@ def serving(repository: Path, name: str, *flags: str) -> Iterator[Server]:
     """`queryserve serve` on a free loopback port with `flags`, until the block ends (then
     SIGTERM, and SIGKILL if it has not exited within STOP_TIMEOUT_S); its log is
     OUT/logs/NAME.log."""
+    server = launch(repository, OUT / "logs" / f"{name}.log", *flags)
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        stop(server.process)
+
+
+def launch(repository: Path, log_path: Path, *flags: str) -> Server:
+    """`queryserve serve --grpc off` with `flags` started on a free loopback port, its output
+    in `log_path`; not waited for (`wait_ready`), and the caller's to stop (`stop`)."""
     port = free_port()
-    log_path = OUT / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
                "--http", f"127.0.0.1:{port}", "--grpc", "off", *flags]
     with log_path.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    server = Server(f"http://127.0.0.1:{port}", port, process, log_path, list(flags))
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop(process)
+    return Server(f"http://127.0.0.1:{port}", port, process, log_path, list(flags))
 
 
 def stop(process: subprocess.Popen[Any]) -> None:
