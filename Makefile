@@ -25,8 +25,10 @@ $(STAMP): pyproject.toml constraints.txt
 prepare: setup
 	$(VENV)/bin/queryserve prepare
 
-run: prepare
-	$(VENV)/bin/queryserve serve --repository model_repository --http $(HTTP) --grpc $(GRPC)
+# Serves at once and prepares the models in the background, `embed` first: each model answers as
+# soon as it is built; /v2/health/ready answers 503 until the last one.
+run: setup
+	$(VENV)/bin/queryserve serve --prepare --repository model_repository --http $(HTTP) --grpc $(GRPC)
 
 test: prepare
 	$(PY) -m pytest

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     prepare.add_argument("--force", action="store_true",
                          help="rebuild even if the models are already prepared")
+    prepare.add_argument("--announce", action="store_true",
+                         help="print 'prepared: NAME' as each model is ready to load (what "
+                              "`queryserve serve --prepare` reads)")
     add_optimize_parser(commands)
     add_bench_parser(commands)
     add_recommend_parser(commands)
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "prepare":
             from queryserve.prepare import prepare_default_models
 
-            prepare_default_models(args.repository, args.data, force=args.force)
+            prepare_default_models(args.repository, args.data, force=args.force,
+                                   announce=args.announce)
     except QueryServeError as exc:
         print(f"queryserve: error: {exc.message}", file=sys.stderr)
         return 1

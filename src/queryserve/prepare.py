@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -145,17 +145,30 @@ def retire_old_models(repository: Path) -> None:
             shutil.rmtree(repository / name)
 
 
+ANNOUNCED = "prepared:"
+"""With `--announce`, prepare prints `prepared: NAME` (flushed) as each model is ready to load:
+`queryserve serve --prepare` reads the lines and loads each model then."""
+
+
 def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"),
-                           force: bool = False) -> None:
+                           force: bool = False, announce: bool = False) -> None:
+    """Every default model, `embed` first (the search bar's and most clients' model), the
+    search pipeline last (it runs `spell`, `embed` and `intent`)."""
+    steps: tuple[tuple[str, Callable[[], None]], ...] = (
+        ("embed", lambda: prepare_embed(repository, data, force)),
+        ("spell", lambda: prepare_spell(repository, force)),
+        ("spell-seq2seq", lambda: prepare_spell_seq2seq(repository, force)),
+        ("spell-hybrid", lambda: prepare_spell_hybrid(repository, force)),
+        ("intent", lambda: prepare_intent(repository, data, force)),
+        ("duplicates", lambda: prepare_duplicates(repository, force)),
+        ("duplicates-bi", lambda: prepare_duplicates_bi(repository, force)),
+        ("search", lambda: prepare_search(repository, force=force)),
+    )
     retire_old_models(repository)
-    prepare_embed(repository, data, force)
-    prepare_spell(repository, force)
-    prepare_spell_seq2seq(repository, force)
-    prepare_spell_hybrid(repository, force)
-    prepare_intent(repository, data, force)
-    prepare_duplicates(repository, force)
-    prepare_duplicates_bi(repository, force)
-    prepare_search(repository, force=force)
+    for name, prepare in steps:
+        prepare()
+        if announce:
+            print(f"{ANNOUNCED} {name}", flush=True)
 
 
 def prepare_search(repository: Path, data: Path = DATA, force: bool = False,

@@ -7,6 +7,7 @@ adds to `--api-key`, so a key need not appear in the process list.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -68,6 +69,10 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="cores the model instances share (default: all this process may "
                             "use); intra-op threads per instance = cores // instances, the "
                             "cores divided between the workers first")
+    serve.add_argument("--prepare", action="store_true",
+                       help="prepare the default models (queryserve prepare) while serving, "
+                            "loading each as soon as it is built; readiness answers 503 until "
+                            "the last (what `make run` does)")
     serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
                        help="server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
                             "behind a supervisor that drains and replaces them; auto: one per "
@@ -136,7 +141,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
         aliases=dict(args.served_model_name), access_log=args.access_log,
-        otlp_endpoint=args.otlp_endpoint)
+        otlp_endpoint=args.otlp_endpoint, prepare=args.prepare)
     workers = args.workers
     if workers is None:
         from queryserve.repository import available_cores
@@ -149,4 +154,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
         return 0
     from queryserve.server.workers.supervisor import Supervisor
 
+    if args.prepare:  # workers load what is there when they start: prepare it all first
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "queryserve", "prepare", "--repository",
+                        str(args.repository)], check=True)
+        options = dataclasses.replace(options, prepare=False)
     return Supervisor(options, workers, args.log_level).run()

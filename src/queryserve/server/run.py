@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,9 @@ class ServeOptions:
     """An OTLP/HTTP traces URL to send a span per request to; None: no tracing."""
     seat: Seat | None = None
     """Set in a worker of `--workers N`: its number and what it shares with the others."""
+    prepare: bool = False
+    """Prepare the default models (`queryserve prepare`, a child process) while serving, and
+    load each as soon as it is ready: `embed` answers minutes before the last is built."""
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
@@ -86,7 +90,8 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     listeners = None
     if siblings is None:  # one process: listen first, so /v2/health/live answers while loading
         listeners = await _listen(app, options)
-    loading = asyncio.ensure_future(_load(repository, siblings))
+    loading = asyncio.ensure_future(_prepare_and_load(repository, options.repository)
+                                    if options.prepare else _load(repository, siblings))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     control = None
@@ -164,6 +169,41 @@ async def _load(repository: ModelRepository, siblings: Siblings | None) -> None:
             await repository.load(name)
         except QueryServeError as exc:
             log.error("model '%s' not loaded: %s", name, exc.message)
+
+
+PREPARED = "prepared:"
+"""The line `queryserve prepare --announce` prints as each model is ready (`prepare.ANNOUNCED`:
+the tools sit above the server, so the word is repeated here rather than imported)."""
+
+
+async def _prepare_and_load(repository: ModelRepository, folder: Path) -> None:
+    """Run `queryserve prepare --announce` in a child process (export and training libraries
+    stay out of the server) and load each model the moment it says the model is ready.
+    Readiness stays 503 until the last one, as while loading; its progress goes to this
+    process's standard error."""
+    prepare = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "queryserve", "prepare", "--repository", str(folder),
+        "--announce", stdout=asyncio.subprocess.PIPE)
+    assert prepare.stdout is not None
+    try:
+        async for raw in prepare.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            if not line.startswith(PREPARED):
+                print(line, file=sys.stderr, flush=True)  # prepare's own report, passed on
+                continue
+            name = line[len(PREPARED):].strip()
+            try:
+                await repository.load(name)
+            except QueryServeError as exc:
+                log.error("model '%s' not loaded: %s", name, exc.message)
+    except asyncio.CancelledError:  # a signal before preparation ended: it ends too
+        prepare.terminate()
+        await prepare.wait()
+        raise
+    code = await prepare.wait()
+    if code != 0:
+        log.error("queryserve prepare exited %d: the models it had not prepared are not "
+                  "served (readiness stays 503); its output above says why", code)
 
 
 @dataclass
