@@ -7,13 +7,16 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from faults.client import Background, Stream, summarize
+from faults.client import Background, Records, Stream, summarize
 from faults.common import (
     OUT,
     STOP_TIMEOUT_S,
     Mode,
+    Server,
     groups,
     kserve_body,
     log,
@@ -31,19 +34,37 @@ QUEUE = 4096  # embed's max_queue_size here, so that ~2,000 items can wait witho
 DRAIN_S = 30.0  # the server's default --drain-timeout
 
 
-def measure(mode: Mode) -> dict[str, Any]:
-    target = mode.pick(2000, 1000)
-    repository = one_model_repository("embed", OUT / "repositories" / "sigterm",
+@dataclass
+class Signalled:
+    """What a SIGTERM with a queue built up did: the queue then, every request's record, the
+    exit code (None: not within STOP_TIMEOUT_S), seconds to exit, and the server's log."""
+
+    depth: float
+    records: Records
+    signalled: float
+    code: int | None
+    exit_s: float
+    log_text: str
+
+
+def sigterm_with_queue(name: str, target: float, *flags: str,
+                       on_ready: Callable[[Server], None] | None = None) -> Signalled:
+    """Serve `embed` alone (its queue raised to QUEUE) with `flags`, send RATE req/s of ITEMS
+    queries each, SIGTERM the server once `queryserve_queue_depth` reaches `target`, and keep
+    the load on a second past its exit."""
+    repository = one_model_repository("embed", OUT / "repositories" / name,
                                       max_queue_size=QUEUE)
     stream = Stream(PATH, [kserve_body(g) for g in groups(ITEMS, 256)], RATE,
                     connections=32, max_connections=2048)
-    with serving(repository, "sigterm") as server:
+    with serving(repository, name, *flags) as server:
+        if on_ready is not None:
+            on_ready(server)
         with Background(server.url, stream, max_s=120, drain_s=DRAIN_S + 10) as load:
             depth, deadline = 0.0, time.monotonic() + 30
             while depth < target and time.monotonic() < deadline:
                 time.sleep(0.05)
                 depth = server.metric("queryserve_queue_depth", "embed") or 0.0
-            log(f"sigterm: {depth:,.0f} items queued; SIGTERM")
+            log(f"{name}: {depth:,.0f} items queued; SIGTERM")
             signalled = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             try:
@@ -53,10 +74,17 @@ def measure(mode: Mode) -> dict[str, Any]:
             exited = time.monotonic()
             time.sleep(1.0)  # the load goes on a second past the exit: refused
             (records,) = load.stop()
-        said = re.findall(r"stopped after .*", server.log_text())
-    before = summarize(records, end=signalled, by="written")
-    after = summarize(records, end=signalled, by="written", others=True)
-    exit_s = exited - signalled
+        text = server.log_text()
+    return Signalled(depth, records, signalled, code, exited - signalled, text)
+
+
+def measure(mode: Mode) -> dict[str, Any]:
+    target = mode.pick(2000, 1000)
+    run = sigterm_with_queue("sigterm", target)
+    depth, code, exit_s = run.depth, run.code, run.exit_s
+    said = re.findall(r"stopped after .*", run.log_text)
+    before = summarize(run.records, end=run.signalled, by="written")
+    after = summarize(run.records, end=run.signalled, by="written", others=True)
     return {
         "queued_at_signal": depth, "target_depth": target, "rate": RATE, "items": ITEMS,
         "queue": QUEUE, "before": before, "after": after, "exit_code": code,

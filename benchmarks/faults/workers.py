@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,8 @@ from typing import Any
 from faults.client import Background, Stream, summarize
 from faults.common import (
     OUT,
-    STOP_TIMEOUT_S,
     Mode,
     Server,
-    groups,
     kserve_body,
     log,
     ms,
@@ -32,12 +29,11 @@ from faults.common import (
     verdict,
 )
 from faults.reload import reload_embed
+from faults.sigterm import DRAIN_S, QUEUE, sigterm_with_queue
 
 TITLE = "Two workers (`--workers 2`): SIGTERM, reloads and a killed worker"
 PATH = "/v2/models/embed/infer"
 FLAGS = ("--workers", "2", "--cores", "2")
-QUEUE = 4096
-DRAIN_S = 30.0
 REPLACE_S = 30.0
 LOST_WINDOW_S = 0.1
 """A request scheduled this long after the kill was sent once the client knew the connection
@@ -56,29 +52,12 @@ def measure(mode: Mode) -> dict[str, Any]:
 
 
 def _sigterm(mode: Mode) -> dict[str, Any]:
-    target = mode.pick(2000, 1000)
-    repository = one_model_repository("embed", OUT / "repositories" / "workers-sigterm",
-                                      max_queue_size=QUEUE)
-    stream = Stream(PATH, [kserve_body(g) for g in groups(16, 256)], 300.0,
-                    connections=32, max_connections=2048)
-    with serving(repository, "workers-sigterm", *FLAGS) as server:
-        pids = worker_pids(server)
-        with Background(server.url, stream, max_s=120, drain_s=DRAIN_S + 10) as load:
-            depth, deadline = 0.0, time.monotonic() + 30
-            while depth < target and time.monotonic() < deadline:
-                time.sleep(0.05)
-                depth = server.metric("queryserve_queue_depth", "embed") or 0.0
-            log(f"workers: {depth:,.0f} items queued over both workers; SIGTERM")
-            signalled = time.monotonic()
-            server.process.send_signal(signal.SIGTERM)
-            try:
-                code: int | None = server.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                code = None
-            exit_s = time.monotonic() - signalled
-            time.sleep(1.0)
-            (records,) = load.stop()
-        drained = server.log_text().count("every accepted request answered")
+    pids: dict[int, int] = {}
+    run = sigterm_with_queue("workers-sigterm", mode.pick(2000, 1000), *FLAGS,
+                             on_ready=lambda server: pids.update(worker_pids(server)))
+    depth, code, exit_s, signalled = run.depth, run.code, run.exit_s, run.signalled
+    drained = run.log_text.count("every accepted request answered")
+    records = run.records
     left = [pid for pid in pids.values() if _alive(pid)]
     before = summarize(records, end=signalled, by="written")
     return {
