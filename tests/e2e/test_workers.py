@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -213,3 +214,14 @@ def test_sigterm_with_2000_items_queued_answers_every_request_then_exits_0(
     finally:
         if server.process.poll() is None:
             server.process.kill()
+
+
+def test_a_repository_that_is_not_one_is_refused_once_not_by_every_worker(
+        tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path / "nope"),
+         "--http", f"127.0.0.1:{free_port()}", "--grpc", "off", "--workers", "2"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.count("is not a folder") == 1, done.stderr
+    assert "started (pid" not in done.stderr

@@ -38,6 +38,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from queryserve.errors import QueryServeError, ServeError
+from queryserve.repository import ModelRepository
 from queryserve.server.run import ServeOptions, serve
 from queryserve.server.workers.peers import Seat
 
@@ -79,6 +80,9 @@ class Supervisor:
 
     def run(self) -> int:
         """Serve until a signal and every worker has drained; the process's exit status."""
+        # A repository that is not one is the user's mistake: said once, here, rather than by
+        # every worker at each of its five tries.
+        ModelRepository(self.options.repository).names()
         folder = Path(tempfile.mkdtemp(prefix="queryserve-"))
         with contextlib.ExitStack() as held:
             held.callback(shutil.rmtree, folder, True)
