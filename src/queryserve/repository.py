@@ -24,6 +24,7 @@ import asyncio
 import gc
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,10 @@ class ModelRepository:
         self.install(model)
         return model
 
-    async def load_all(self) -> None:
-        """Load every model; a model that fails is reported and left out, the rest serve."""
-        for name in self.names():
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
+        """Load every model (or those `names`); a model that fails is reported and left out,
+        the rest serve."""
+        for name in self.names() if names is None else names:
             try:
                 await self.load(name)
             except QueryServeError as exc:

@@ -84,8 +84,12 @@ class InstanceThread:
         return result
 
     def shutdown(self) -> None:
-        """Stop once the batches already submitted have run."""
+        """Stop, and wait for the thread to end (the scheduler calls this with no batch in
+        flight, so at once): it must not outlive the server, or its last references to a
+        backend die on a thread during interpreter exit, which aborted the process ("terminate
+        called without an active exception") after a clean drain."""
         self._jobs.put(None)
+        self._thread.join()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -95,6 +99,7 @@ class InstanceThread:
             except BaseException as exc:  # the batch's failure, reported on the loop
                 result, error = None, exc
             done(result, error)
+            del job, function, args, done, result, error  # hold no batch while idle
 
 
 @dataclass(frozen=True, slots=True)

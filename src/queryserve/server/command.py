@@ -158,7 +158,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
         import subprocess
         import sys
 
-        subprocess.run([sys.executable, "-m", "queryserve", "prepare", "--repository",
-                        str(args.repository)], check=True)
+        from queryserve.errors import ServeError
+
+        prepared = subprocess.run([sys.executable, "-m", "queryserve", "prepare",
+                                   "--repository", str(args.repository)])
+        if prepared.returncode != 0:  # its own output above says why
+            raise ServeError(f"queryserve prepare exited {prepared.returncode}")
         options = dataclasses.replace(options, prepare=False)
     return Supervisor(options, workers, args.log_level).run()

@@ -25,7 +25,7 @@ from typing import Protocol
 import uvloop
 
 from queryserve import heap
-from queryserve.errors import QueryServeError, ServeError
+from queryserve.errors import ServeError
 from queryserve.repository import ModelRepository
 from queryserve.server.access_log import AccessLog
 from queryserve.server.app import ServerApp
@@ -86,7 +86,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     app = ServerApp(repository, options.limits, auth, options.aliases, access_log, tracing)
     seat = options.seat
     siblings = app.state.siblings = Siblings(seat) if seat is not None else None
-    stop = _stop_on_signals(app.state, worker=seat is not None)
+    stop = _stop_on_signals(app.state, worker=siblings is not None)
     listeners = None
     if siblings is None:  # one process: listen first, so /v2/health/live answers while loading
         listeners = await _listen(app, options)
@@ -102,10 +102,10 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
         # one full pass over it took 43-57 ms in the middle of a search benchmark.
         gc.collect()
         gc.freeze()
-        if seat is not None and siblings is not None:
+        if siblings is not None:
             # A worker listens only with its models warm: the kernel hands a new connection to
             # any listener on the port, and one still loading would answer it 503.
-            control = await answer_siblings(app.state, seat)
+            control = await answer_siblings(app.state, siblings.seat)
             listeners = await _listen(app, options)
             siblings.serve(True)
         app.state.loading = False
@@ -160,15 +160,7 @@ def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
 
 async def _load(repository: ModelRepository, siblings: Siblings | None) -> None:
     """Every model of the repository; a replacement worker loads what its siblings serve."""
-    served = await siblings.models_served() if siblings is not None else None
-    if served is None:
-        await repository.load_all()
-        return
-    for name in served:
-        try:
-            await repository.load(name)
-        except QueryServeError as exc:
-            log.error("model '%s' not loaded: %s", name, exc.message)
+    await repository.load_all(await siblings.models_served() if siblings is not None else None)
 
 
 PREPARED = "prepared:"
@@ -191,11 +183,7 @@ async def _prepare_and_load(repository: ModelRepository, folder: Path) -> None:
             if not line.startswith(PREPARED):
                 print(line, file=sys.stderr, flush=True)  # prepare's own report, passed on
                 continue
-            name = line[len(PREPARED):].strip()
-            try:
-                await repository.load(name)
-            except QueryServeError as exc:
-                log.error("model '%s' not loaded: %s", name, exc.message)
+            await repository.load_all([line[len(PREPARED):].strip()])
     except asyncio.CancelledError:  # a signal before preparation ended: it ends too
         prepare.terminate()
         await prepare.wait()
