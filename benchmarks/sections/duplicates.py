@@ -197,6 +197,15 @@ def render(report: dict[str, Any]) -> list[str]:
         f"{'on a GPU' if cross.get('device') == 'cuda' else 'on 2 cores'}, "
         f"{cross['pairs_per_second']:.0f} pairs/s |",
     ]
+    # The teachers the cross-encoder was distilled from, beside it: the gap distillation leaves.
+    for name, teacher in (cross.get("teachers") or {}).items():
+        recipe = teacher.get("recipe") or {}
+        lines.append(
+            f"| teacher `{name}` of the cross-encoder: {teacher.get('encoder')}, learning rate "
+            f"{recipe.get('learning_rate', 0):g}, seed {recipe.get('seed')}, the valid splits "
+            f"chose epoch {teacher.get('best_epoch')} (TRAINING.json `teachers`; not served) | "
+            f"{f1s(teacher['test_f1'])} | {teacher['threshold']:.2f} | "
+            f"{teacher['minutes']:.1f} min on a GPU, {teacher['pairs_per_second']:.0f} pairs/s |")
     for model, trained, what in (("duplicates", cross, "cross-encoder"),
                                  ("duplicates-bi", finetune, "bi-encoder")):
         lines += [

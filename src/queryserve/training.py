@@ -8,6 +8,7 @@ run of an hour. PyTorch is imported only when a function here is called.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from queryserve.errors import QueryServeError
@@ -39,14 +40,22 @@ def resolve_device(name: str) -> Any:
     return torch.device(name)
 
 
-def warmup_then_linear(optimizer: Any, total: int, warmup_share: float) -> Any:
+def warmup_then_linear(optimizer: Any, total: int, warmup_share: float,
+                       spent: Callable[[], float] | None = None) -> Any:
     """A learning-rate schedule over `total` steps: a linear warm-up over the first
-    `warmup_share` of them, then a linear decay to zero."""
+    `warmup_share` of them, then a linear decay to zero. With `spent` (the share of a time
+    budget used so far, 0 to 1), it runs over steps or time, whichever is further on: a run
+    cut short by its budget still ends its decay, where a step schedule would stop it at a
+    high rate (how many steps fit a budget depends on the machine)."""
     import torch
 
-    warmup = max(1, int(total * warmup_share))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
-        (s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    share = max(warmup_share, 1 / total)
+
+    def factor(step: int) -> float:
+        done = max(step / total, spent() if spent else 0.0)
+        return max(0.0, min((done + 1 / total) / share, (1 - done) / max(1 - share, 1 / total)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def update(loss: Any, parameters: Any, optimizer: Any, schedule: Any) -> None:

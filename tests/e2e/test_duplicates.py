@@ -115,6 +115,10 @@ def test_a_student_learns_from_teachers(trained: Path, data: Path, tmp_path: Pat
     assert record["recipe"]["teachers"] == [str(trained)] * 2
     assert record["train_pairs"] == 180 and record["unlabelled_pairs"] > 60
     assert (out / "model.safetensors").is_file()
+    # The teachers' own figures beside the student's, so the gap distillation leaves shows.
+    taught = json.loads((trained / "TRAINING.json").read_text())
+    assert record["teachers"][trained.name]["test_f1"] == taught["test_f1"]
+    assert record["teachers"][trained.name]["best_epoch"] == taught["best_epoch"] == 1
 
 
 def test_training_writes_an_encoder_a_head_and_its_figures(trained_bi: Path) -> None:
@@ -153,6 +157,13 @@ def test_head_method_and_bad_input(data: Path, trained: Path, tmp_path: Path,
     assert (out / "head.npz").is_file() and not (out / "model.safetensors").exists()
     assert cli.main(["train", "duplicates", str(trained), "--data", str(data)]) == 1
     assert "already holds a trained model" in capsys.readouterr().err
+    # A time budget spent before the first step (loading alone takes longer) writes no model:
+    # the starting weights would pass for a trained one.
+    late = tmp_path / "late"
+    assert cli.main(["train", "duplicates", str(late), "--method", "cross-encoder", "--data",
+                     str(data), "--minutes", "0.0001", "--device", "cpu", "--no-progress"]) == 1
+    assert "budget ran out before the first step" in capsys.readouterr().err
+    assert not late.exists()
     assert cli.main(["train", "duplicates", str(tmp_path / "x"), "--data", str(tmp_path)]) == 1
     assert "train.txt is missing" in capsys.readouterr().err
 

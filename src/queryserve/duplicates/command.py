@@ -49,7 +49,10 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
                              "one (default: %(default)s)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     parser.add_argument("--minutes", type=float, default=None,
-                        help="cross-encoder: a time budget; no epoch starts that would pass it")
+                        help="cross-encoder: a time budget for the run: the learning rate "
+                             "decays to zero over it and training stops at its end, mid-epoch "
+                             "if need be (--epochs is then an upper bound); test scoring and "
+                             "saving come after")
     parser.add_argument("--limit", type=int, default=None,
                         help="use only the first N pairs of each split (a quick try)")
     parser.add_argument("--seed", type=int, default=0)

