@@ -25,7 +25,7 @@ import gc
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,9 @@ class ModelRepository:
                 log.info("model '%s': %d instances configured, %d run on this worker's %d "
                          "core(s)", config.name, count, self.cores, self.cores)
                 count = self.cores
+                # What runs, so the ready line and the model's config say it too.
+                config = replace(config, instance_group=replace(config.instance_group,
+                                                                count=count))
             threads = threads_per_instance(count, self.cores)
             if count > self.cores:
                 log.warning("model '%s': %d instances on %d cores oversubscribe the CPU",

@@ -91,6 +91,24 @@ def test_both_workers_answer_and_the_figures_are_the_whole_server_s(
     assert int(stats["inference_count"]) == sent
 
 
+def test_repeated_statistics_keep_one_series_per_worker(
+        workers: tuple[RunningServer, int]) -> None:
+    """Each statistics read gathers the sibling's snapshot. Merging it once extended
+    prometheus-client's cached `python_info` family in place, so every read made that family
+    longer in the worker that answered, and the next snapshot shipped the longer list to the
+    other: it grew like Fibonacci, to 1.3 million samples (1.5 GB) in one worker within one
+    `queryserve bench --find-max`, which reads the statistics around each step."""
+    server, _ = workers
+    for _ in range(30):  # a new connection each time: either worker answers, and asks the other
+        with httpx.Client(timeout=10) as client:
+            assert client.get(f"{server.url}/v2/models/fast/stats").status_code == 200
+    with httpx.Client(timeout=10) as client:
+        text = client.get(f"{server.url}/metrics").text
+    info = [line for line in text.splitlines() if line.startswith("python_info{")]
+    assert len(info) == 2, f"{len(info)} python_info samples: {info[:4]}"
+    assert {'worker="0"' in line for line in info} == {True, False}  # one each
+
+
 def test_tritonclient_and_perf_analyzer_work_unchanged(workers: tuple[RunningServer, int]) -> None:
     server, grpc_port = workers
     import nvidia.cuda_runtime

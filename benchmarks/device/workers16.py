@@ -1,0 +1,334 @@
+"""`queryserve serve --workers N` scaling in one time-bounded run (for a lent 16-core machine).
+
+For each planned run, in order: a one-model repository, `queryserve serve --cores C --workers N
+--grpc off` pinned to the server's cores, `queryserve bench URL --find-max --p99-ms 10` (through
+bench_fast.py: the CLI's own search, no plots) pinned to the client's cores, the peak RSS
+(VmHWM of the server and its child processes, summed, read before SIGTERM). After each run
+$OUT/workers16.json is rewritten, so a kill keeps what was done; past the deadline nothing new
+starts and a running search is stopped (its passing trials so far are kept as a lower bound).
+
+Environment (defaults for a 16-core machine):
+  DEADLINE_S=185     seconds from start after which nothing runs
+  PLAN="fake:1,4,8,14 embed:1,8,14"
+                     model:N,N,... in priority order; "fake-c64:14" would open 64 connections
+                     up front instead of bench's 4
+  CLIENT_CORES=2     cores kept for the load generator (0: share all cores with the server)
+  DURATION=0.75 WARMUP=0.25 DRAIN_S=0.5 STATS_TIMEOUT_S=1   seconds per search step
+  START_FAKE=2000 START_EMBED=1000 MAX_RATE=200000
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import lzma
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+T0 = time.monotonic()
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = Path(os.environ.get("OUT") or "/tmp/workers16-out")
+WORK = Path(os.environ.get("WORK") or "/tmp/workers16-work")
+DEADLINE = T0 + float(os.environ.get("DEADLINE_S", "185"))
+ALL_CPUS = sorted(os.sched_getaffinity(0))
+CLIENT_CORES = int(os.environ.get("CLIENT_CORES", "2" if len(ALL_CPUS) >= 8 else "0"))
+SERVER_CPUS = ALL_CPUS[:len(ALL_CPUS) - CLIENT_CORES] if CLIENT_CORES else ALL_CPUS
+CLIENT_CPUS = ALL_CPUS[len(ALL_CPUS) - CLIENT_CORES:] if CLIENT_CORES else ALL_CPUS
+DEFAULT_PLAN = ("fake:1,4,8,14 embed:1,8,14" if len(ALL_CPUS) >= 16
+                else "fake:1,2 embed:1,2")
+PLAN = os.environ.get("PLAN", DEFAULT_PLAN)
+DURATION = os.environ.get("DURATION", "0.75")
+WARMUP = os.environ.get("WARMUP", "0.25")
+DRAIN_S = os.environ.get("DRAIN_S", "0.5")
+STATS_TIMEOUT_S = os.environ.get("STATS_TIMEOUT_S", "1.0")
+START = {"fake": float(os.environ.get("START_FAKE", "2000")),
+         "embed": float(os.environ.get("START_EMBED", "1000"))}
+MAX_RATE = os.environ.get("MAX_RATE", "200000")
+MIN_RUN_S = float(os.environ.get("MIN_RUN_S", "15"))  # no run starts with less time left
+PY = sys.executable
+sys.path.insert(0, str(ROOT / "src"))
+
+servers: list[subprocess.Popen[bytes]] = []
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f} s] {message}", flush=True)
+
+
+def left() -> float:
+    return DEADLINE - time.monotonic()
+
+
+def write(figures: dict[str, Any]) -> None:
+    figures["elapsed_s"] = round(time.monotonic() - T0, 1)
+    tmp = OUT / ".workers16.json.tmp"
+    tmp.write_text(json.dumps(figures, indent=1))
+    os.replace(tmp, OUT / "workers16.json")
+
+
+def versions() -> dict[str, Any]:
+    found: dict[str, Any] = {"python": platform.python_version()}
+    for name in ("numpy", "onnxruntime", "tokenizers", "uvloop", "httptools", "orjson", "grpc",
+                 "google.protobuf", "yaml", "hdrh"):
+        try:
+            module = __import__(name, fromlist=["_"])
+            found[name] = getattr(module, "__version__", "?")
+        except Exception as exc:  # reported, not fatal here
+            found[name] = f"missing: {exc}"
+    cpu = platform.machine()
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(line.split(":", 1)[1].strip() for line in
+                   Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    found["cpu"] = cpu
+    found["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    return found
+
+
+# -- repositories --------------------------------------------------------------------------
+
+def embed_config() -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((HERE / "embed" / "model.yaml").read_text())
+    return config
+
+
+def repository(model: str, instances: int) -> Path:
+    """A repository with one model named `embed` (bench's default name): the served ONNX
+    variant, or the fake backend with the same batching settings. Instances: one per server
+    core, so each worker runs its share of the cores as 1-thread instances (the server caps
+    a worker's instances at its cores)."""
+    root = WORK / f"repo-{model}"
+    folder = root / "embed"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = embed_config()
+    config["instance_group"] = {"count": instances}
+    shutil.copy(HERE / "embed" / "tokenizer.json", folder / "tokenizer.json")
+    if model == "fake":
+        config["backend"] = "fake"
+        config.pop("pipeline", None)
+        config["parameters"] = {k: v for k, v in config["parameters"].items()
+                                if k != "model_file"}
+    elif not (folder / "model.onnx").is_file():
+        started = time.monotonic()
+        (folder / "model.onnx").write_bytes(
+            lzma.decompress((HERE / "embed" / "model.onnx.xz").read_bytes()))
+        log(f"embed: model.onnx unpacked in {time.monotonic() - started:.1f} s")
+    (folder / "model.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root
+
+
+# -- the server ----------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(repo: Path, workers: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [PY, "-m", "queryserve", "serve", "--repository", str(repo),
+               "--http", f"127.0.0.1:{port}", "--grpc", "off",
+               "--cores", str(len(SERVER_CPUS)), "--workers", str(workers)]
+    log("  $ " + " ".join(command[1:]))
+    sink = log_path.open("wb")
+    proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, process_group=0,
+                            preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CPUS))
+    sink.close()
+    servers.append(proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready within {limit_s:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(1.0, min(10.0, left() + 5)))
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its workers too (same process group)
+    proc.wait()
+    if proc in servers:
+        servers.remove(proc)
+
+
+def memory_mb(pid: int, field: str) -> float | None:
+    """`field` (VmHWM: peak, VmRSS: now) summed over the process and its children."""
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return round(total / 1024, 1) if total else None
+
+
+# -- one run -------------------------------------------------------------------------------
+
+def bench(url: str, name: str, start_rate: float, connections: int) -> dict[str, Any]:
+    steps_file = WORK / f"steps-{name}.jsonl"
+    steps_file.unlink(missing_ok=True)
+    command = [PY, str(HERE / "bench_fast.py"), url, "--find-max", "--p99-ms", "10",
+               "--duration", DURATION, "--warmup", WARMUP, "--start-rate", f"{start_rate:g}",
+               "--max-rate", MAX_RATE, "--queries", str(HERE / "queries.jsonl"),
+               "--connections", str(connections),
+               "--out", str(WORK / f"bench-{name}"), "--no-progress"]
+    log("  $ bench " + " ".join(command[2:]))
+    env = {**os.environ, "STEPS_FILE": str(steps_file), "DRAIN_S": DRAIN_S,
+           "STATS_TIMEOUT_S": STATS_TIMEOUT_S}
+    result: dict[str, Any] = {"bench_args": " ".join(command[3:]).replace(str(WORK), "WORK")
+                              .replace(str(HERE), ".dev16")}
+    started = time.monotonic()
+    with (WORK / f"bench-{name}.log").open("wb") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                process_group=0,
+                                preexec_fn=lambda: os.sched_setaffinity(0, CLIENT_CPUS))
+        try:
+            proc.wait(timeout=max(1.0, left()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            result["stopped_at_deadline"] = True
+    result["bench_s"] = round(time.monotonic() - started, 1)
+    trials = [json.loads(line) for line in steps_file.read_text().splitlines()] \
+        if steps_file.is_file() else []
+    # [offered req/s, achieved req/s, p99 ms, passed, client CPU share, s since bench start]
+    result["trials"] = [[t["target_rate"], t["throughput"], t["p99"], t["passed"],
+                         t["client_cpu_share"], t["t_s"]] for t in trials]
+    done = WORK / f"bench-{name}" / "results.json"
+    if proc.returncode == 0 and done.is_file():
+        results = json.loads(done.read_text())
+        search = results["search"]
+        result["max_rate"] = search["max_rate"]
+        if search.get("step") is not None:
+            step = results["steps"][search["step"]]
+            result.update(p99_ms=step["latency_ms"].get("p99"),
+                          p50_ms=step["latency_ms"].get("p50"),
+                          throughput=step["throughput"],
+                          client_cpu_share=step["client_cpu_share"],
+                          client_bound=step["client_bound"],
+                          mean_batch=(step.get("server") or {}).get("mean_batch"))
+    else:
+        result["bench_rc"] = proc.returncode
+        passing = [t for t in trials if t["passed"]]
+        best = max(passing, key=lambda t: t["target_rate"], default=None)
+        result["max_rate_lower_bound"] = best["target_rate"] if best else None
+        if best:
+            result.update(p99_ms=best["p99"], throughput=best["throughput"],
+                          client_cpu_share=best["client_cpu_share"])
+        tail = (WORK / f"bench-{name}.log").read_text(errors="replace").splitlines()[-5:]
+        result["bench_log_tail"] = tail
+    return result
+
+
+def one_run(model: str, workers: int, connections: int, figures: dict[str, Any]) -> None:
+    name = f"{model}-{workers}" + (f"-c{connections}" if connections != 4 else "")
+    run: dict[str, Any] = {"model": model, "workers": workers,
+                           "server_cores": len(SERVER_CPUS), "connections": connections}
+    figures["runs"].append(run)
+    if left() < MIN_RUN_S:
+        run["skipped"] = f"{left():.0f} s left, under {MIN_RUN_S:.0f}"
+        log(f"{name}: skipped ({run['skipped']})")
+        return
+    log(f"{name}: --workers {workers} on {len(SERVER_CPUS)} cores")
+    repo = repository(model, len(SERVER_CPUS))
+    server_log = WORK / f"server-{name}.log"
+    proc, url = start_server(repo, workers, server_log)
+    try:
+        run["ready_s"] = round(wait_ready(url, proc, min(90.0, max(1.0, left()))), 1)
+        run["idle_rss_mb"] = memory_mb(proc.pid, "VmRSS")
+        previous = [r.get("max_rate") for r in figures["runs"]
+                    if r["model"] == model and r.get("max_rate")]
+        # Start the search where the last N of this model ended: fewer doublings.
+        start = max(START[model], previous[-1]) if previous else START[model]
+        run.update(bench(url, name, start, connections))
+        run["peak_rss_mb"] = memory_mb(proc.pid, "VmHWM")
+        run["server_alive_after"] = proc.poll() is None
+    except Exception as exc:  # recorded, the next run goes on
+        run["error"] = str(exc)
+    finally:
+        stop_server(proc)
+        run["server_exit"] = proc.returncode
+        text = server_log.read_text(errors="replace")
+        with (OUT / "servers.log").open("a", encoding="utf-8") as f:
+            f.write(f"===== {name}\n" + "\n".join(text.splitlines()[-30:]) + "\n")
+        if (WORK / f"steps-{name}.jsonl").is_file():
+            with (OUT / "steps.jsonl").open("a", encoding="utf-8") as f:
+                for line in (WORK / f"steps-{name}.jsonl").read_text().splitlines():
+                    f.write(json.dumps({"run": name, **json.loads(line)}) + "\n")
+    rate = run.get("max_rate", f"{run.get('max_rate_lower_bound')} (lower bound: stopped)")
+    log(f"{name}: max rate {rate} req/s, "
+        f"p99 {run.get('p99_ms')} ms, peak RSS {run.get('peak_rss_mb')} MB, "
+        f"bench {run.get('bench_s')} s{' ERROR ' + run['error'] if 'error' in run else ''}")
+    write(figures)
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    figures: dict[str, Any] = {
+        "what": "queryserve serve --workers N --cores C --grpc off (pinned to the server cores); "
+                "max rate at p99 <= 10 ms, one query per request, queryserve bench --find-max "
+                "(open loop, CLI search: majority of 2-3 runs per probe, 5% bracket) pinned to "
+                "the client cores; model named embed; instance_group.count = C (a worker runs "
+                "C/N one-thread instances); fake = embed's model.yaml with backend fake",
+        "cores": len(ALL_CPUS), "server_cpus": SERVER_CPUS, "client_cpus": CLIENT_CPUS,
+        "plan": PLAN, "deadline_s": DEADLINE - T0,
+        "step_seconds": {"duration": float(DURATION), "warmup": float(WARMUP),
+                         "drain": float(DRAIN_S), "stats_timeout": float(STATS_TIMEOUT_S)},
+        "machine": versions(), "runs": [],
+    }
+    log(f"cores {len(ALL_CPUS)}: server {SERVER_CPUS}, client {CLIENT_CPUS}; plan {PLAN}")
+    log(json.dumps(figures["machine"]))
+    write(figures)
+    try:
+        for item in PLAN.split():
+            model, _, counts = item.partition(":")
+            connections = 4
+            if "-c" in model:
+                model, _, more = model.partition("-c")
+                connections = int(more)
+            for n in counts.split(","):
+                one_run(model, int(n), connections, figures)
+    finally:
+        for proc in list(servers):
+            stop_server(proc)
+        write(figures)
+        log("done")
+
+
+if __name__ == "__main__":
+    main()
