@@ -140,21 +140,6 @@ def _trained_source(source_dir: Path, what: str, command: str, task: Task) -> So
     return inspect_source(source_dir, task)
 
 
-# Models an older release prepared from a committed folder that is gone: served name -> folder.
-RETIRED = {"duplicates-cross": "models/duplicates-cross"}  # now `duplicates`
-
-
-def retire_old_models(repository: Path) -> None:
-    """Remove what an older release prepared from a committed model this one no longer has
-    (only a folder whose prepare.json names that model: prepare made it whole), said."""
-    for name, source in RETIRED.items():
-        report = repository / name / "prepare.json"
-        if report.is_file() and json.loads(report.read_text()).get("source") == source \
-                and not Path(source).exists():
-            print(f"{name}: made from {source}, which this release no longer has; removing it")
-            shutil.rmtree(repository / name)
-
-
 ANNOUNCED = "prepared:"
 """With `--announce`, prepare prints `prepared: NAME` (flushed) as each model is ready to load:
 `queryserve serve --prepare` reads the lines and loads each model then."""
@@ -178,7 +163,6 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
         ("duplicates-bi", lambda: prepare_duplicates_bi(repository, rebuild, sweep=sweep)),
         ("search", lambda: prepare_search(repository, force=force)),
     )
-    retire_old_models(repository)
     for name, prepare in steps:
         prepare()
         if announce:

@@ -1,6 +1,5 @@
 """`queryserve prepare`'s bookkeeping: a prepared model is rebuilt when the committed model it
-was made from changes or when its gate held other hard inputs, and what an older release made
-from a model that is gone is removed."""
+was made from changes or when its gate held other hard inputs."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from queryserve.duplicates.hard_pairs import HARD_PAIRS
 from queryserve.optimize.gate import HardItem, Parity
 from queryserve.optimize.plan import VariantReport
 from queryserve.optimize.recipes import RECIPES_VERSION
-from queryserve.prepare import _already_prepared, _say_flips, _trained, retire_old_models
+from queryserve.prepare import _already_prepared, _say_flips, _trained
 
 
 @pytest.fixture(autouse=True)
@@ -48,19 +47,6 @@ def test_a_changed_trained_model_is_prepared_again(tmp_path: Path,
     # A folder prepared from another source (a renamed one) is not this model either.
     _prepared(target, **{**_trained(source), "source": "models/duplicates-cross"})
     assert not _already_prepared(target, "model.onnx", False, source=source)
-
-
-def test_what_a_retired_model_left_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)  # models/duplicates-cross does not exist here
-    _prepared(tmp_path / "repo" / "duplicates-cross", source="models/duplicates-cross")
-    _prepared(tmp_path / "other" / "duplicates-cross", source="my/own/model")
-    retire_old_models(tmp_path / "repo")
-    retire_old_models(tmp_path / "other")
-    assert not (tmp_path / "repo" / "duplicates-cross").exists()
-    assert (tmp_path / "other" / "duplicates-cross" / "model.onnx").is_file()  # not prepare's
-    assert "no longer has; removing it" in capsys.readouterr().out
-    retire_old_models(tmp_path / "nothing-here")  # a fresh repository: nothing to do
 
 
 def test_a_duplicates_folder_gated_without_the_hard_pairs_is_prepared_again(

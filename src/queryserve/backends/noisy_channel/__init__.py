@@ -1,4 +1,4 @@
-"""The noisy-channel spelling corrector (`spell.channel`) as a backend: word lists in, the
+"""The noisy-channel spelling corrector (`channel.py` here) as a backend: word lists in, the
 corrected query and its posterior out.
 
 The model folder holds `channel.json` (`queryserve train spell-channel` writes it). Decoding is
