@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,6 +58,7 @@ MAX_RATE = os.environ.get("MAX_RATE", "200000")
 MIN_RUN_S = float(os.environ.get("MIN_RUN_S", "15"))  # no run starts with less time left
 PY = sys.executable
 sys.path.insert(0, str(ROOT / "src"))
+from queryserve.bench.server_process import free_port, peak_rss_mb  # noqa: E402
 
 servers: list[subprocess.Popen[bytes]] = []
 
@@ -131,12 +131,6 @@ def repository(model: str, instances: int) -> Path:
 
 # -- the server ----------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(repo: Path, workers: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [PY, "-m", "queryserve", "serve", "--repository", str(repo),
@@ -178,8 +172,9 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         servers.remove(proc)
 
 
-def memory_mb(pid: int, field: str) -> float | None:
-    """`field` (VmHWM: peak, VmRSS: now) summed over the process and its children."""
+def rss_mb(pid: int) -> float | None:
+    """Resident memory now, summed over the process and its children (the peak:
+    `server_process.peak_rss_mb`)."""
     pids = [pid]
     with contextlib.suppress(OSError):
         pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -187,7 +182,7 @@ def memory_mb(pid: int, field: str) -> float | None:
     for p in pids:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith(field + ":"):
+                if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
         except OSError:
             pass
@@ -267,13 +262,13 @@ def one_run(model: str, workers: int, connections: int, figures: dict[str, Any])
     proc, url = start_server(repo, workers, server_log)
     try:
         run["ready_s"] = round(wait_ready(url, proc, min(90.0, max(1.0, left()))), 1)
-        run["idle_rss_mb"] = memory_mb(proc.pid, "VmRSS")
+        run["idle_rss_mb"] = rss_mb(proc.pid)
         previous = [r.get("max_rate") for r in figures["runs"]
                     if r["model"] == model and r.get("max_rate")]
         # Start the search where the last N of this model ended: fewer doublings.
         start = max(START[model], previous[-1]) if previous else START[model]
         run.update(bench(url, name, start, connections))
-        run["peak_rss_mb"] = memory_mb(proc.pid, "VmHWM")
+        run["peak_rss_mb"] = peak_rss_mb(proc.pid)
         run["server_alive_after"] = proc.poll() is None
     except Exception as exc:  # recorded, the next run goes on
         run["error"] = str(exc)

@@ -50,7 +50,7 @@ from queryserve.optimize.source import Source, Task, minilm_folder
 from queryserve.spell.data import DATA
 
 if TYPE_CHECKING:
-    from queryserve.optimize.plan import VariantReport
+    from queryserve.optimize.plan import Plan, VariantReport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -203,14 +203,12 @@ def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force
         return
     source = _trained_source(source_dir, "intent classifier", "intent", "classify")
     from queryserve.optimize.command import model_yaml
-    from queryserve.optimize.encoder import optimize_encoder
     from queryserve.optimize.plan import Plan
 
     plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
                 read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
                 model_config=model_yaml(source, "intent"), extra=_trained(source_dir))
-    build_committed("intent", lambda only: optimize_encoder(
-        replace(plan, only=only), target, progress=progress).report_path, sweep)
+    _compile(plan, target, sweep, progress)
 
 
 BI_YAML = """\
@@ -279,7 +277,6 @@ def prepare_duplicates_bi(repository: Path, force: bool = False,
         return
     source = _trained_source(source_dir, "duplicates detector", "duplicates --method finetune",
                              "embed")
-    from queryserve.optimize.encoder import optimize_encoder
     from queryserve.optimize.plan import Plan
 
     def texts(split: str) -> list[str]:
@@ -289,8 +286,7 @@ def prepare_duplicates_bi(repository: Path, force: bool = False,
     plan = Plan(source, ("int8",), texts("test"), texts("train"),
                 model_config=BI_YAML % source.max_length, extra=_trained(source_dir))
     (target / HEAD).unlink(missing_ok=True)  # the head last: its presence means "prepared"
-    build_committed("duplicates-bi", lambda only: optimize_encoder(
-        replace(plan, only=only), target, progress=progress).report_path, sweep)
+    _compile(plan, target, sweep, progress)
     shutil.copy(source_dir / HEAD, target / HEAD)
 
 
@@ -306,7 +302,6 @@ def prepare_duplicates(repository: Path, force: bool = False,
                          hard_items=[p.name for p in HARD_PAIRS]):
         return
     source = _trained_source(source_dir, "duplicates cross-encoder", "duplicates", "pair")
-    from queryserve.optimize.encoder import optimize_encoder
     from queryserve.optimize.gate import Decision
     from queryserve.optimize.plan import Plan
     from queryserve.pipelines.pairs.cross import DUPLICATE
@@ -333,13 +328,20 @@ def prepare_duplicates(repository: Path, force: bool = False,
     plan = Plan(source, ("int8", "fp32"), pairs("test"), pairs("train"), model_config=config,
                 extra=_trained(source_dir),
                 decision=Decision(source.labels.index(DUPLICATE), threshold), hard_items=hard)
+    _compile(plan, target, sweep, progress)
+
+
+def _compile(plan: Plan, target: Path, sweep: bool, progress: bool) -> None:
+    """`optimize_encoder` into `target`, as its committed variant unless `sweep`
+    (`committed.build_committed`), naming each variant refused for a hard input."""
+    from queryserve.optimize.encoder import optimize_encoder
 
     def build(only: str | None) -> Path:
         report = optimize_encoder(replace(plan, only=only), target, progress=progress)
         _say_flips(target.name, report.variants)
         return report.report_path
 
-    build_committed("duplicates", build, sweep)
+    build_committed(target.name, build, sweep)
 
 
 def _say_flips(name: str, variants: Sequence[VariantReport]) -> None:

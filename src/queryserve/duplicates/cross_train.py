@@ -200,12 +200,10 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
         loss_function = torch.nn.CrossEntropyLoss()
         model.model.train()
         task = display.add_task("train duplicates (cross-encoder)", total=total, status="")
-        out_of_time = False
         for epoch in range(1, recipe.epochs + 1):
             timed, first = time.perf_counter(), step
             for batch in _batches(train, recipe.batch_size, rng):
-                out_of_time = spent() >= 1.0
-                if step == total or out_of_time:
+                if step == total or spent() >= 1.0:
                     break
                 swap = [rng.random() < 0.5 for _ in batch]
                 left = [p.right if s else p.left for p, s in zip(batch, swap, strict=True)]
@@ -233,7 +231,7 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
                 best = (valid["f1_all"], epoch, cpu_copy(model.model), valid)
             if step == total:
                 break
-            if out_of_time or spent() >= 1.0:
+            if spent() >= 1.0:
                 milestone(display, task, f"stopping in epoch {epoch}: the {recipe.minutes:g}-"
                                          "minute budget is spent")
                 break

@@ -384,22 +384,13 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                 except Exception as error:  # a graph the runtime cannot load or run
                     errors[recipe.name] = f"{type(error).__name__}: {error}"
                     del paths[recipe.name]
+        speeds: dict[str, dict[int, float]] = {}  # untimed: the committed variant
         if plan.only is not None:
             outcome, reason = committed_outcome(plan, results, errors)
-            chosen, speeds, before, after = plan.only, {}, None, None
+            chosen, before, after = plan.only, None, None
         else:
             outcome = gate_outcome(plan, results, errors)
-            runners = {name: {batch_size: _runner(_session(paths[name], threads, spinning=True),
-                                                  tokenizer)
-                              for batch_size, threads in TIMING_THREADS.items()}
-                       for name in outcome.passed}
-            if plan.measure_original:  # timed in the same rounds as the variants, like for like
-                runners[ORIGINAL], original_load_s = _torch_runner(source, tokenizer)
-            steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(runners))
-            speeds = time_runners(runners, plan.parity_items, plan.timing_seconds,
-                                  plan.timing_rounds, steps)
-            before = (Speed.timed(source.weights_mb, original_load_s, speeds.pop(ORIGINAL))
-                      if plan.measure_original else None)
+            speeds, before = _time(plan, outcome.passed, paths, tokenizer, steps)
             chosen, reason = choose_fastest(speeds, results)
             reason = outcome.reason(plan, chosen, reason, results)
             after = _onnx_speed(paths[chosen], speeds[chosen])
@@ -413,6 +404,24 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
         _write_report(report, plan)
         steps.finish()
     return report
+
+
+def _time(plan: Plan, names: Sequence[str], paths: Mapping[str, Path], tokenizer: Tokenizer,
+          steps: Steps) -> tuple[dict[str, dict[int, float]], Speed | None]:
+    """The sweep's timing: each variant of `names` at the timed batch sizes, in rounds; and the
+    PyTorch original in the same rounds when the plan measures it (like for like)."""
+    runners = {name: {batch_size: _runner(_session(paths[name], threads, spinning=True),
+                                          tokenizer)
+                      for batch_size, threads in TIMING_THREADS.items()}
+               for name in names}
+    if plan.measure_original:
+        runners[ORIGINAL], original_load_s = _torch_runner(plan.source, tokenizer)
+    steps.grow(plan.timing_rounds * len(TIMING_BATCH_SIZES) * len(runners))
+    speeds = time_runners(runners, plan.parity_items, plan.timing_seconds, plan.timing_rounds,
+                          steps)
+    before = (Speed.timed(plan.source.weights_mb, original_load_s, speeds.pop(ORIGINAL))
+              if plan.measure_original else None)
+    return speeds, before
 
 
 def export_onnx_for(source: Source, out_path: Path) -> None:

@@ -156,12 +156,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
     if args.prepare:  # workers load what is there when they start: prepare it all first
         import subprocess
-        import sys
 
         from queryserve.errors import ServeError
+        from queryserve.server.run import prepare_argv
 
-        prepared = subprocess.run([sys.executable, "-m", "queryserve", "prepare",
-                                   "--repository", str(args.repository)])
+        prepared = subprocess.run(prepare_argv(args.repository))
         if prepared.returncode != 0:  # its own output above says why
             raise ServeError(f"queryserve prepare exited {prepared.returncode}")
         options = dataclasses.replace(options, prepare=False)

@@ -168,14 +168,18 @@ PREPARED = "prepared:"
 the tools sit above the server, so the word is repeated here rather than imported)."""
 
 
+def prepare_argv(folder: Path, *more: str) -> list[str]:
+    """`queryserve prepare` of `folder` as a child process of this interpreter."""
+    return [sys.executable, "-m", "queryserve", "prepare", "--repository", str(folder), *more]
+
+
 async def _prepare_and_load(repository: ModelRepository, folder: Path) -> None:
     """Run `queryserve prepare --announce` in a child process (export and training libraries
     stay out of the server) and load each model the moment it says the model is ready.
     Readiness stays 503 until the last one, as while loading; its progress goes to this
     process's standard error."""
-    prepare = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "queryserve", "prepare", "--repository", str(folder),
-        "--announce", stdout=asyncio.subprocess.PIPE)
+    prepare = await asyncio.create_subprocess_exec(*prepare_argv(folder, "--announce"),
+                                                   stdout=asyncio.subprocess.PIPE)
     assert prepare.stdout is not None
     try:
         async for raw in prepare.stdout:
