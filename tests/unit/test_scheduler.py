@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -191,3 +192,38 @@ async def test_close_finishes_when_the_last_queued_item_is_dropped_by_the_timer(
     waiting[0].cancel()  # the client leaves before the delay is up
     await asyncio.wait_for(closed, 1)
     assert backend.batches == []
+
+
+class Timed:
+    """A backend that notes whether each batch ran on its instance's thread (named after the
+    model) or on the loop's; it sleeps `delay_s` per batch and fails any batch holding 13."""
+
+    input_names = ("x",)
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.on_thread: list[bool] = []
+
+    def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
+        time.sleep(self.delay_s)
+        self.on_thread.append(threading.current_thread().name.startswith("m-"))
+        if 13 in inputs["x"]:
+            raise RuntimeError("unlucky batch")
+        return {"y": inputs["x"] * 2}
+
+
+async def test_batches_cheaper_than_the_hand_off_run_on_the_loop_and_slow_ones_leave_it() -> None:
+    backend = Timed()
+    scheduler = Scheduler("m", DynamicBatching(), 8, [backend], Doubler(), ModelStats())
+    for value in range(200):  # the first batch's cost is unknown; a warm-up's cost decays
+        assert await scheduler.submit([value], [3])[0] == 2 * value
+        if not backend.on_thread[-1]:
+            break
+    assert backend.on_thread[0] and not backend.on_thread[-1]
+    with pytest.raises(ModelFailed, match="failed to run a batch of 1"):
+        await scheduler.submit([13], [3])[0]  # a failure on the loop fails only itself
+    backend.delay_s = 0.002  # the model turns slow: one batch runs on the loop, then threads
+    ran = len(backend.on_thread)
+    for value in (4, 5, 6):
+        assert await scheduler.submit([value], [3])[0] == 2 * value
+    assert backend.on_thread[ran - 1:] == [False, False, True, True]

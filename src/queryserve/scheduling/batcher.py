@@ -134,6 +134,8 @@ class DynamicBatcher(Generic[P]):
 
         The second value says whether that batch is full: it could not take its next item.
         """
+        if len(window) == 1:  # one query at a time, the light-load case: nothing to partition
+            return window, bool(self._queue)
         batches = self._partition(sorted(window, key=lambda item: item.tokens))
         for k, batch in enumerate(batches):
             if any(item is oldest for item in batch):

@@ -4,8 +4,10 @@ The step is schedule -> execute -> update. Scheduling runs on the event loop whe
 changes (an item arrives, an instance frees up, a batching delay expires): no task of its own,
 no polling. Executing runs the pipeline's three stages (collate -> backend -> split) on a free
 instance's own thread, so the loop keeps accepting requests while the runtime (which releases
-the GIL) computes. Updating resolves the batch's futures back on the loop. A batch that raises,
-or whose stages return the wrong number of rows, fails its own items and nothing else.
+the GIL) computes; a model whose batches cost less than that hand-off itself runs them on the
+loop instead (`INLINE_BELOW_S`). Updating resolves the batch's futures back on the loop. A batch
+that raises, or whose stages return the wrong number of rows, fails its own items and nothing
+else.
 
 Closing (an unload, a reload's retired model, shutdown) stops admission at once but runs what
 is queued to the end; `closed` resolves when the last batch is done and the threads are gone.
@@ -46,6 +48,18 @@ class Stages(Protocol[P_in, R_out]):
 
     def split(self, outputs: dict[str, Array], payloads: Sequence[P_in]) -> Sequence[R_out]: ...
 
+
+INLINE_BELOW_S = 100e-6
+"""A batch expected to cost less than this runs on the event loop, not on its instance's thread.
+Handing a batch to a thread and its result back (a queue put, a thread wake-up, the loop's
+self-pipe) cost ~75 us of CPU per request on a 2-core AMD EPYC, about half of what the whole
+application spent on a request of the `fake` model (BENCHMARKS, issue 40): for a model that
+cheap the hand-off is the larger cost, and the loop is blocked for less time than it would have
+spent on it. A real encoder costs milliseconds and always takes the thread."""
+
+PEAK_DECAY = 0.9
+"""The expected cost per item is the recent peak, decaying by this much per batch: one slow
+batch sends the next ~20 to the thread, however cheap they turn out to be."""
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], Callable[[Any, BaseException | None], None]]
 
@@ -140,6 +154,7 @@ class Scheduler(Generic[P, R]):
             for i, backend in enumerate(backends)
         ]
         self._free = list(reversed(self.instances))
+        self._item_cost_s = math.inf  # unknown until a batch has run: see `_dispatch`
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -223,6 +238,15 @@ class Scheduler(Generic[P, R]):
         payloads = [item.payload for item in batch]
         loop = self._loop
         assert loop is not None
+        if self._item_cost_s * len(batch) < INLINE_BELOW_S:
+            try:
+                result, error = self._execute(instance.backend, payloads), None
+            except Exception as exc:  # the batch's failure, as from the thread
+                result, error = None, exc
+            # Completed on the next turn of the loop, as a thread's result would be: _schedule
+            # may be on the stack, and the instance stays busy until then.
+            loop.call_soon(self._complete, instance, batch, started, result, error)
+            return
 
         def done(result: tuple[Sequence[R], BatchTimes] | None,
                  error: BaseException | None) -> None:  # on the instance's thread
@@ -274,6 +298,9 @@ class Scheduler(Generic[P, R]):
                     _future(item).set_result(row)
             self.stats.record_batch(len(batch), [started - item.enqueued_at for item in batch],
                                     times.input_s, times.infer_s, times.output_s)
+            cost = (times.input_s + times.infer_s + times.output_s) / len(batch)
+            self._item_cost_s = cost if self._item_cost_s == math.inf \
+                else max(cost, self._item_cost_s * PEAK_DECAY)
         self._schedule()
 
     def run_now(self, payloads: Sequence[P]) -> None:
