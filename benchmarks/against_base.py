@@ -1,7 +1,7 @@
 """BENCHMARKS section 2's two figures for this checkout and earlier commits, side by side.
 
     python benchmarks/against_base.py --base 0dff592 [--base 7067218] [--rounds 2]
-        [--model embed] [--head-variant grpc-off] [--latency-only]
+        [--model embed|fake] [--head-variant grpc-off] [--latency-only]
 
 Each code serves the same prepared `model_repository` (or, with `--model`, that one model
 alone) on both cores, one at a time, in alternating rounds (base, head, base, head...), so a
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,13 +74,26 @@ def measure(label: str, source: Path | None, grpc: bool, repository: Path,
             "compute_at_100_ms": server.get("compute_ms_per_request"), "rss_mb": rss}
 
 
+def fake_repository(folder: Path) -> Path:
+    """A repository of one `fake` model (no compute: the server's own cost per request), named
+    `embed` so that `queryserve bench`'s default finds it."""
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import write_fake_model
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    write_fake_model(folder, "embed", max_batch_size=8, max_queue_size=256)
+    return folder
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", action="append", required=True,
                         help="an earlier commit (repeatable)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", default=None,
-                        help="serve this model of model_repository alone (default: all)")
+                        help="serve this model of model_repository alone (default: all); "
+                             "`fake`: a model that costs nothing, what the application costs")
     parser.add_argument("--head-variant", choices=["grpc-off"], action="append", default=[],
                         help="also measure this checkout with --grpc off")
     parser.add_argument("--latency-only", action="store_true",
@@ -92,7 +106,8 @@ def main() -> int:
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "src"],
                            capture_output=True, text=True, check=True).stdout.strip()
     head_label = head + (" + uncommitted changes" if dirty else "")
-    repository = (one_model_repository(args.model, OUT / "repository") if args.model
+    repository = (fake_repository(OUT / "repository") if args.model == "fake"
+                  else one_model_repository(args.model, OUT / "repository") if args.model
                   else ROOT / "model_repository")
     rows: list[dict[str, Any]] = []
     names: dict[str, str] = {}

@@ -16,10 +16,11 @@ def ann_recall(queries: list[str]) -> dict[str, Any]:
     time of each per query."""
     import numpy as np
 
-    from queryserve.pipelines.search.index import embed_texts, load_index
+    from queryserve.local import embed
+    from queryserve.pipelines.search.index import load_index
 
     folder = ROOT / "model_repository" / "search" / "index"
-    vectors = embed_texts(ROOT / "model_repository" / "embed", queries)
+    vectors = embed(ROOT / "model_repository" / "embed", queries)
     out: dict[str, Any] = {}
     for catalog in ("songs", "products"):
         index = load_index(folder, catalog)

@@ -18,16 +18,25 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 
 from queryserve.errors import ConfigError
 from queryserve.types import NUMPY_DTYPES
 
-BACKENDS = ("onnxruntime", "ctranslate2", "noisy_channel", "fake")
-PIPELINES = ("text_embedding", "text_classification", "pair_scoring", "text2text",
-             "spelling")
+ModelPipelineKind = Literal["text_embedding", "text_classification", "pair_scoring",
+                            "text2text", "spelling"]
+"""What a `model.yaml` may name as its `pipeline:` (`ModelConfig.pipeline` says what each does).
+The one list of them: the reader, `pipelines.create_pipeline` and `model.ANSWERS` follow it."""
+PipelineKind = Literal[ModelPipelineKind, "search"]
+"""Every kind of served model: a model's pipeline, or the search ensemble (`pipeline.yaml`)."""
+ModelBackendKind = Literal["onnxruntime", "ctranslate2", "noisy_channel", "fake"]
+"""What a `model.yaml` may name as its `backend:` (`backends.create_backend` builds each)."""
+BackendKind = Literal[ModelBackendKind, "ensemble"]
+"""Every backend: a model's runtime, or `ensemble` (the search ensemble runs other models)."""
+BACKENDS: tuple[ModelBackendKind, ...] = get_args(ModelBackendKind)
+PIPELINES: tuple[ModelPipelineKind, ...] = get_args(ModelPipelineKind)
 MODEL_FILE = "model.yaml"
 ENSEMBLE_FILE = "pipeline.yaml"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -37,6 +46,7 @@ MAX_K = 100  # the most results a search may ask for
 
 MAX_BATCH_OVERHEAD_TOKENS = 1_000_000  # `batch_overhead_tokens`' upper bound
 T = TypeVar("T")
+S = TypeVar("S", bound=str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +120,8 @@ class SearchSteps:
 class ModelConfig:
     name: str
     path: Path
-    backend: str
-    pipeline: str
+    backend: BackendKind
+    pipeline: PipelineKind
     """`text_embedding` (texts -> vectors) or `text_classification` (texts, or a second input of
     pair texts -> probabilities), both in pipelines/text_embedding.py; or `pair_scoring` (text
     pairs -> the probability that they are one product: a bi-encoder and `head.npz`, in
@@ -203,10 +213,10 @@ class _Reader:
             raise self.fail(where, raw, f"an integer from {low} to {high}")
         return raw
 
-    def choice(self, raw: object, where: str, allowed: tuple[str, ...]) -> str:
+    def choice(self, raw: object, where: str, allowed: tuple[S, ...]) -> S:
         if raw not in allowed:
             raise self.fail(where, raw, "one of " + ", ".join(allowed))
-        return str(raw)
+        return allowed[allowed.index(raw)]  # the allowed value itself, typed as one
 
     def text(self, raw: object, where: str) -> str:
         if not isinstance(raw, str) or not raw:

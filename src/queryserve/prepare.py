@@ -179,7 +179,8 @@ def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
     """The search pipeline's vector index: every catalog item embedded with `embed`, built
     again whenever `embed`'s model file changes."""
     from queryserve.config import ENSEMBLE_FILE, load_ensemble_config
-    from queryserve.pipelines.search.index import build_index, index_is_current
+    from queryserve.indexing import build_index
+    from queryserve.pipelines.search.index import index_is_current
 
     folder = repository / "search"
     if not (folder / ENSEMBLE_FILE).is_file():

@@ -39,8 +39,8 @@ from queryserve.config import (
     load_config,
 )
 from queryserve.errors import ConfigError, InvalidInput, NotFound, QueryServeError, Unavailable
+from queryserve.model import AnyModel, Model
 from queryserve.pipelines import create_pipeline
-from queryserve.pipelines.model import AnyModel, Model
 from queryserve.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -102,14 +102,16 @@ class ModelRepository:
         if not self.exists(name):
             raise NotFound(f"model '{shown(name)}' is not in the repository {self.root}")
         try:
-            model = self._build(load_config(self.folder(name)))
+            model = self.assemble(load_config(self.folder(name)))
         except QueryServeError as exc:
             self.errors[name] = exc.message
             raise
         self.errors.pop(name, None)
         return model
 
-    def _build(self, config: ModelConfig) -> AnyModel:
+    def assemble(self, config: ModelConfig) -> AnyModel:
+        """The model `config` describes, warmed up (also how `local.open_model` opens a folder
+        in process)."""
         backends: list[Backend] = []  # an ensemble has none: its steps are other models
         threads = 0
         if config.ensemble is None:
@@ -223,9 +225,9 @@ async def _released(model: Model[Any]) -> None:
     """Run the retired model's queue to the end, then give its memory back."""
     name = model.name
     try:  # shielded: a cancelled wait (the drain deadline) must not cancel the close itself
-        await asyncio.shield(model.pipeline.close())
+        await asyncio.shield(model.close())
     except asyncio.CancelledError:
-        model.pipeline.abort()
+        model.abort()
         raise
     del model
     # The requests it just answered still hold it until they resume: collect a moment later.

@@ -175,7 +175,8 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from queryserve.pipelines.pairs.cross import InProcessCrossEncoder
+    from queryserve.api import Inputs, PairScores
+    from queryserve.local import open_model
     from queryserve.pipelines.pairs.features import hinted
 
     # The model was trained with hints: the first segment starts with what the model numbers
@@ -187,8 +188,9 @@ def test_served_probabilities_are_the_models_own(served: RunningServer, reposito
         [a for a, _ in shown], [b for _, b in shown], padding=True, return_tensors="pt")
     with torch.inference_mode():
         reference = torch.softmax(original(**encoded).logits, -1)[:, 1].tolist()
-    in_process = InProcessCrossEncoder.load(repository / "duplicates", 1).probabilities(
-        [(a, b) for a, b in PAIRS])
+    with open_model(repository / "duplicates", PairScores, threads=1) as model:
+        in_process = model.infer(Inputs([a for a, _ in PAIRS],
+                                        [b for _, b in PAIRS])).probabilities
     answer = httpx.post(f"{served.url}/v1/duplicates", timeout=30, json={"pairs": PAIRS})
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -224,11 +226,11 @@ def test_the_bi_encoder_is_served_too(real_server: RunningServer) -> None:
     """The default repository's `duplicates-bi` (the bi-encoder, which the batch job blocks
     with) answers with what its encoder and head give when run directly; the pair's order
     does not matter to it (the head is symmetric)."""
-    from queryserve.pipelines.search.index import embed_texts
+    from queryserve.local import embed
 
     folder = REPOSITORY / "duplicates-bi"
     texts = [t for pair in PAIRS for t in pair]
-    vectors = embed_texts(folder, texts)
+    vectors = embed(folder, texts)
     expected = PairHead.load(folder).probability(
         vectors[0::2], vectors[1::2], features_array([(a, b) for a, b in PAIRS]))
     body = {"model": "duplicates-bi", "pairs": PAIRS}

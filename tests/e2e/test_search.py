@@ -14,7 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from queryserve.pipelines.search.index import build_index, index_is_current, load_index
+from queryserve.indexing import build_index
+from queryserve.local import embed
+from queryserve.pipelines.search.index import index_is_current, load_index
 from tests.conftest import REPOSITORY, ROOT, RunningServer
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -43,9 +45,7 @@ def test_index_is_built_searched_and_rebuilt_when_the_encoder_or_graph_changes(
     songs = load_index(tmp_path / "index", "songs")
     assert np.allclose(np.linalg.norm(songs.vectors, axis=1), 1.0, atol=1e-4)
     # The item's own text finds the item, by ANN and by exact search alike.
-    from queryserve.pipelines.search.index import embed_texts
-
-    queries = embed_texts(encoder, [item.text for item in songs.items[:20]])
+    queries = embed(encoder, [item.text for item in songs.items[:20]])
     exact = songs.exact(queries, 5)
     assert (exact[:, 0] == np.arange(20)).all()
     assert (songs.search_many(queries, 5)[:, 0] == exact[:, 0]).all()

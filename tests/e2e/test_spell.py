@@ -26,7 +26,7 @@ from queryserve import cli
 from queryserve.api import normalized
 from queryserve.backends.noisy_channel.channel import NoisyChannel
 from queryserve.config import load_model_config
-from queryserve.spell.corrector import Seq2SeqCorrector
+from queryserve.spell.corrector import ServedCorrector
 from tests.conftest import ROOT, RunningServer, start_server, stop_server
 
 # A few steps at a high rate, no warm-up: enough for the model to write something.
@@ -135,7 +135,7 @@ def served_folder(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def test_served_spell_over_http(served_folder: Path, tmp_path: Path) -> None:
-    corrector = Seq2SeqCorrector(served_folder)
+    corrector = ServedCorrector(served_folder)
     expected, generated = corrector.correct(QUERIES), corrector.generate(QUERIES)
     server = start_server(served_folder.parent, tmp_path / "server.log")
     try:

@@ -64,7 +64,8 @@ class Echo:
                 raise
         return Response(200, orjson.dumps({
             "method": request.method, "path": request.path, "query": request.query,
-            "body": request.body.decode(), "pad": "x" * int(query.get("pad", 0))}))
+            "body": request.body.decode(), "headers": request.headers,
+            "pad": "x" * int(query.get("pad", 0))}))
 
 
 @asynccontextmanager
@@ -271,6 +272,28 @@ async def test_trailer_line_of_megabytes_without_newline_431_fast() -> None:
 
 
 @on_uvloop
+async def test_chunked_trailers_stay_out_of_the_headers() -> None:
+    """Regression: a chunked body's trailers were merged into the request's headers, so a field
+    sent after the body could replace one a proxy had checked in the head."""
+    async with serving(Echo(), max_header_bytes=1024) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        chunked = (b"POST / HTTP/1.1\r\nhost: t\r\nx-api-key: %s\r\n"
+                   b"transfer-encoding: chunked\r\n\r\n2\r\nhi\r\n3\r\n yo\r\n0\r\n%s\r\n")
+        writer.write(chunked % (b"head", b"x-api-key: trailer\r\nx-trailer: 1\r\n"))
+        status, headers, body = await read_response(reader)
+        echoed = orjson.loads(body)
+        assert (status, echoed["body"]) == (200, "hi yo")
+        assert echoed["headers"]["x-api-key"] == "head"
+        assert "x-trailer" not in echoed["headers"]
+        assert "connection" not in headers  # kept alive: the next request is read as usual
+        # Still counted against the header limit with the head's fields: 600 + 600 > 1024 bytes.
+        writer.write(chunked % (b"h" * 600, b"x-trailer: " + b"t" * 600 + b"\r\n"))
+        status, headers, _ = await read_response(reader)
+        assert (status, headers["connection"]) == (431, "close")
+        assert await closed(reader, 1.0)
+
+
+@on_uvloop
 async def test_max_connections_refuses_new_ones_and_serves_the_rest() -> None:
     async with serving(Echo(), max_connections=2) as (server, port):
         first = await asyncio.open_connection("127.0.0.1", port)
@@ -333,8 +356,8 @@ async def test_pipelining_without_reading_runs_a_bounded_number_of_requests() ->
         print(f"handler calls: {calls} of 20000")
         assert 0 < calls < 5_000, calls  # each answer is 4 KiB; the client reads none
         (connection,) = server.live
-        assert connection.write_paused and connection.read_paused
-        assert len(connection.pending) <= MAX_PIPELINED + FEED_BYTES // 20
+        assert connection.responses.write_paused and connection.read_paused
+        assert len(connection.responses.pending) <= MAX_PIPELINED + FEED_BYTES // 20
         assert len(connection.unparsed) <= 512 * 1024
         sending.cancel()  # (the kernel's buffers may have taken all 700 KB: they are not ours)
         client.close()  # everything is freed once the client goes

@@ -17,8 +17,8 @@ from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.grpc.proto import model_config_pb2
 from queryserve.server.grpc.service import InferenceService
-from queryserve.server.routing import ServerState
 from queryserve.server.security import AccessControl
+from queryserve.server.state import ServerState
 
 EMBED = ModelConfig(
     name="embed", path=Path("."), backend="fake", pipeline="text_embedding", max_batch_size=8,

@@ -16,16 +16,21 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("backends",),
     ("scheduling",),
+    ("model",),
     ("pipelines",),
     ("repository",),
-    ("server",),
+    ("server", "local"),
     ("cli", "__main__", "prepare", "optimize", "bench", "spell", "intent", "duplicates",
-     "training"),
+     "training", "indexing"),
 )
 
 
+def _top(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__init__"
+
+
 def layer(module: str) -> int:
-    top = module.split(".")[1] if "." in module else "__init__"
+    top = _top(module)
     for rank, names in enumerate(LAYERS):
         if top in names:
             return rank
@@ -87,3 +92,21 @@ def test_no_import_circle() -> None:
 
     for name in sorted(graph):
         visit(name)
+
+
+TOOLS = LAYERS[-1]
+ENGINE = ("repository", "scheduling", "model", "server")
+"""What runs a model: the tools reach it only through `local.open_model` (the batch job, the
+index build, the evaluations), never by building or scheduling a model of their own. They
+do share the model's own file formats with the runtime (`pipelines/pairs/features.py`,
+`head.py`, the noisy channel's noise model): training and serving must read them alike."""
+
+
+def test_the_tools_run_models_only_through_local() -> None:
+    known = modules()
+    reached = [f"{name} -> {target}" for name, path in sorted(known.items())
+               if _top(name) in TOOLS and name != "queryserve.cli"  # cli starts the server
+               for target in imports(path, known)
+               if _top(target) in ENGINE
+               and not target.startswith("queryserve.server.grpc.proto")]  # bench's messages
+    assert reached == []

@@ -18,18 +18,19 @@ from queryserve.repository import ModelRepository
 from queryserve.scheduling.stats import LATENCY_BUCKETS_S, ModelStats
 from queryserve.server import metrics
 from queryserve.server.http import REJECTION_REASONS, Request
-from queryserve.server.routing import Router, ServerState
+from queryserve.server.routing import Router
+from queryserve.server.state import ServerState
 
 ODD = 'a "quoted\\ name\nwith a newline'
 
 
 def state_with(tmp_path: Path, model_name: str, stats: ModelStats,
                reasons: dict[str, int] | None = None) -> ServerState:
-    """A server state over one stand-in model (`name`, `stats`, `pipeline.queue_depth` is all
+    """A server state over one stand-in model (`name`, `stats`, `queue_depth` is all
     the collector reads) and a stand-in transport."""
     repository = ModelRepository(tmp_path)
     model: Any = SimpleNamespace(name=model_name, stats=stats,
-                                 pipeline=SimpleNamespace(queue_depth=3))
+                                 queue_depth=3)
     repository.models[model_name] = model
     state = ServerState(repository)
     state.transport = SimpleNamespace(  # type: ignore[assignment]

@@ -276,14 +276,14 @@ def _rounded(timings: dict[str, float]) -> dict[str, float]:
 
 
 def _embed(job: Job, table: int, products: Products, display: Progress) -> Array:
-    from queryserve.pipelines.search.index import embed_texts
+    from queryserve.local import embed
 
     path = job.embeddings(table)
     if not path.is_file():
         task = display.add_task(f"embedding {products.path.name}", total=len(products.texts),
                                 status="")
-        vectors = embed_texts(job.blocking, products.texts,
-                              lambda n: display.advance(task, n))
+        vectors = embed(job.blocking, products.texts,
+                        on_rows=lambda n: display.advance(task, n))
         _save_json(job.work / f"texts-{table}.json", products.texts)
         _save_json(job.work / f"ids-{table}.json", products.ids)
         _save_array(path, vectors)  # last: its presence means the table is done

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from queryserve.api import Inputs, PairScores
 from queryserve.duplicates.tables import write_pairs
-from queryserve.pipelines.pairs.cross import InProcessCrossEncoder
+from queryserve.local import LocalModel, open_model
 from queryserve.pipelines.pairs.features import features_array, text_signals
 from queryserve.pipelines.pairs.head import PairHead
 from queryserve.types import Array
@@ -57,8 +58,11 @@ class Job:
         return json.loads((self.work / f"ids-{table}.json").read_text())  # type: ignore[no-any-return]
 
 
-# A Ray worker scores many parts: load the cross-encoder once per process.
-_cross_encoder = lru_cache(maxsize=2)(InProcessCrossEncoder.load)
+@lru_cache(maxsize=2)
+def _cross_encoder(folder: Path, threads: int) -> LocalModel[PairScores]:
+    """The served cross-encoder, in this process: once per process (a Ray worker scores many
+    parts)."""
+    return open_model(folder, PairScores, threads=threads)
 
 
 def blocking_probabilities(job: Job, rows: Array) -> Array:
@@ -80,8 +84,9 @@ def score_part(job: Job, number: int, threads: int = 1) -> int:
     last = job.tables - 1
     if job.cross:
         left_texts, right_texts = job.texts(0), job.texts(last)
-        probability = _cross_encoder(job.model, threads).probabilities(
-            [(left_texts[i], right_texts[j]) for i, j in rows], _read_signals)
+        answer = _cross_encoder(job.model, threads).infer(Inputs(
+            [left_texts[i] for i in rows[:, 0]], [right_texts[j] for j in rows[:, 1]]))
+        probability = answer.probabilities
     else:
         probability = blocking_probabilities(job, rows)
     keep = probability >= job.min_probability

@@ -184,6 +184,21 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         scheduler = self.scheduler
         if len(payloads) == 1:  # the search bar's case: no turns, no gather
             return [await scheduler.submit(payloads, counts, timeout_s)[0]]
+        if len(payloads) <= scheduler.turn_items:
+            return await self._run_turns(payloads, counts, timeout_s)
+        # Many turns: queued shortest first, so that each turn's batches hold texts of about
+        # one length (the batcher sorts only the window it sees), then put back in order.
+        order = sorted(range(len(payloads)), key=counts.__getitem__)
+        rows = await self._run_turns([payloads[i] for i in order], [counts[i] for i in order],
+                                     timeout_s)
+        ordered: list[R] = [rows[0]] * len(rows)
+        for position, row in zip(order, rows, strict=True):
+            ordered[position] = row
+        return ordered
+
+    async def _run_turns(self, payloads: list[P], counts: list[int],
+                         timeout_s: float | None) -> list[R]:
+        scheduler = self.scheduler
         most_tokens = self.config.dynamic_batching.max_batch_tokens * len(scheduler.instances)
         rows: list[R] = []
         start = 0

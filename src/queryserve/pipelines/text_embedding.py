@@ -29,9 +29,11 @@ from queryserve.types import Array
 
 
 def pad_token_ids(rows: Sequence[Sequence[int] | Array],
-                  segments: Sequence[Sequence[int] | Array] | None = None) -> dict[str, Array]:
+                  segments: Sequence[Sequence[int] | Array] | None = None,
+                  token_types: bool = False) -> dict[str, Array]:
     """Pad token ids to the batch's longest row with id 0, with the attention mask, and the
-    segment ids as `token_type_ids` when given (text pairs)."""
+    segment ids as `token_type_ids` when given (text pairs), or all zeros (one segment) with
+    `token_types` (an encoder whose graph takes them)."""
     longest = max(len(ids) for ids in rows)
     input_ids = np.zeros((len(rows), longest), dtype=np.int64)
     attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
@@ -40,10 +42,12 @@ def pad_token_ids(rows: Sequence[Sequence[int] | Array],
         attention_mask[row, : len(ids)] = 1
     padded = {"input_ids": input_ids, "attention_mask": attention_mask}
     if segments is not None:
-        token_types = np.zeros_like(input_ids)
+        segment_ids = np.zeros_like(input_ids)
         for row, types in enumerate(segments):
-            token_types[row, : len(types)] = types
-        padded["token_type_ids"] = token_types
+            segment_ids[row, : len(types)] = types
+        padded["token_type_ids"] = segment_ids
+    elif token_types:
+        padded["token_type_ids"] = np.zeros_like(input_ids)
     return padded
 
 
@@ -98,10 +102,7 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         if payloads[0].ndim == 2:  # pairs: ids and segment ids
             segments = [p[1] for p in payloads] if self.wants_token_types else None
             return pad_token_ids([p[0] for p in payloads], segments)
-        inputs = pad_token_ids(payloads)
-        if self.wants_token_types:
-            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
-        return inputs
+        return pad_token_ids(payloads, token_types=self.wants_token_types)
 
     def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
         return list(outputs[self.output_name])

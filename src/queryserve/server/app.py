@@ -20,8 +20,9 @@ from queryserve.repository import ModelRepository
 from queryserve.server import kserve_http, metrics, openai, openai_protocol, pages, rerank, tasks
 from queryserve.server.access_log import AccessLog
 from queryserve.server.http import Request, Response, json_error
-from queryserve.server.routing import Limits, Router, ServerState
+from queryserve.server.routing import Router
 from queryserve.server.security import AccessControl, valid_id
+from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
 
 log = logging.getLogger(__name__)

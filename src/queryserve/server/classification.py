@@ -14,21 +14,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from queryserve.api import Classifications
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput
+from queryserve.model import ANSWERS, pipelines_answering
 from queryserve.types import Array
 
 PARAMETER = "classification"
-PIPELINES = ("text_classification",)
-"""The models whose outputs are class scores, so that top classes mean something."""
 
 
 def classification_count(value: object, output: str, config: ModelConfig) -> int:
-    """The k of an output's `classification` parameter, checked against the model."""
-    if config.pipeline not in PIPELINES:
+    """The k of an output's `classification` parameter, checked against the model: one that
+    answers `Classifications`, whose outputs are class scores, so that top classes mean
+    something."""
+    if ANSWERS[config.pipeline] is not Classifications:
         raise InvalidInput(f"output '{output}': model '{config.name}' is a {config.pipeline} "
                            f"model; the classification extension serves "
-                           f"{' and '.join(PIPELINES)} models only")
+                           f"{' and '.join(pipelines_answering(Classifications))} models only")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInput(f"output '{output}': parameter 'classification' is {value!r}; "
                            "expected how many top classes to answer, an integer >= 1")

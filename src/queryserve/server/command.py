@@ -83,17 +83,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     serve.add_argument("--max-items", type=count, default=1024,
                        help="most items (texts, or pairs of texts) in one request "
                             "(default: %(default)s)")
-    access = serve.add_argument_group("access")
-    access.add_argument("--api-key", type=_api_key, action="append", default=[], metavar="KEY",
-                        help=f"require 'Authorization: Bearer KEY' on every route but "
-                             f"/v2/health/* (repeatable; also ${API_KEY_VARIABLE}, "
-                             f"comma-separated)")
-    access.add_argument("--allowed-hosts", action="append", default=[], metavar="HOST",
-                        help="Host names answered to (repeatable); bound to loopback, loopback "
-                             "names are always answered to and no others unless listed here")
-    access.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
-                        help="let web pages from ORIGIN (scheme://host[:port], or *) call the "
-                             "server (repeatable; default: none, cross-origin requests get 403)")
+    _add_access_flags(serve)
     serve.add_argument("--served-model-name", type=_alias, action="append", default=[],
                        metavar="ALIAS=MODEL",
                        help="another name for a model on the OpenAI routes, e.g. "
@@ -105,6 +95,26 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="send an OpenTelemetry span per request (traceparent honoured) to "
                             "this OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; "
                             "needs the tracing extra (default: off)")
+    _add_connection_flags(serve)
+
+
+def _add_access_flags(serve: argparse.ArgumentParser) -> None:
+    """Who may call: API keys, and the Host and Origin guard (`security.AccessControl`)."""
+    access = serve.add_argument_group("access")
+    access.add_argument("--api-key", type=_api_key, action="append", default=[], metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every route but "
+                             f"/v2/health/* (repeatable; also ${API_KEY_VARIABLE}, "
+                             f"comma-separated)")
+    access.add_argument("--allowed-hosts", action="append", default=[], metavar="HOST",
+                        help="Host names answered to (repeatable); bound to loopback, loopback "
+                             "names are always answered to and no others unless listed here")
+    access.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let web pages from ORIGIN (scheme://host[:port], or *) call the "
+                             "server (repeatable; default: none, cross-origin requests get 403)")
+
+
+def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
+    """The transport's timeouts and caps (`HttpLimits`), and the drain's deadline."""
     http = HttpLimits()
     limits = serve.add_argument_group("connections")
     limits.add_argument("--read-timeout", type=positive, default=http.read_timeout_s,
@@ -127,8 +137,8 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 def run_serve_command(args: argparse.Namespace) -> int:
     """Serve until a signal; the exit status (0: drained)."""
-    from queryserve.server.routing import Limits
     from queryserve.server.run import ServeOptions, serve
+    from queryserve.server.state import Limits
 
     keys = [*args.api_key, *(key.strip() for key in
                              os.environ.get(API_KEY_VARIABLE, "").split(",") if key.strip())]

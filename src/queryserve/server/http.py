@@ -5,9 +5,11 @@ per-request Python counts on a 2-core machine; and a connection that drops must 
 request's futures so the batcher drops them before the model runs (`connection_lost` does that
 here at no per-request cost).
 
-Three modules, all imported from this one: here the server (its listener, live connections and
-draining shutdown); `connection`, one client's parsing, answering and deadlines; `http_types`,
-the request, response and limits both speak.
+The transport's modules, all imported from this one: here the server (its listener, live
+connections and draining shutdown); `connection`, one client, whose parts are `request_parser`
+(reading requests, sizes checked as bytes arrive), `deadlines` (its timeouts, on one timer) and
+`response_queue` (answers in order, held back while the client does not read); `http_types`, the
+request, response, limits and refusal reasons they all speak.
 
 `HttpServer.shutdown` drains: it stops listening, closes idle connections at once, lets busy ones
 answer what they have read (the last answer says `connection: close`), and closes the rest at a
@@ -22,13 +24,7 @@ import logging
 import time
 from email.utils import formatdate
 
-from queryserve.server.connection import (
-    FEED_BYTES,
-    MAX_PIPELINED,
-    REJECTION_REASONS,
-    HttpConnection,
-    RejectionReason,
-)
+from queryserve.server.connection import FEED_BYTES, HttpConnection
 from queryserve.server.http_types import (
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
@@ -36,12 +32,15 @@ from queryserve.server.http_types import (
     MAX_HEADER_BYTES,
     MAX_URL_BYTES,
     READ_TIMEOUT_S,
+    REJECTION_REASONS,
     Handler,
     HttpLimits,
+    RejectionReason,
     Request,
     Response,
     json_error,
 )
+from queryserve.server.response_queue import MAX_PIPELINED
 
 __all__ = [
     "DRAIN_TIMEOUT_S", "FEED_BYTES", "HEADER_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_BODY_BYTES",

@@ -1,5 +1,6 @@
-"""The HTTP transport's vocabulary: the request a handler is given, the response it returns, and
-the limits (`HttpLimits`) a server holds its clients to, which each connection enforces.
+"""The HTTP transport's vocabulary: the request a handler is given, the response it returns, the
+limits (`HttpLimits`) a server holds its clients to, which each connection enforces, and the
+reasons (`RejectionReason`) it refuses a client for.
 
 Import these from `queryserve.server.http`, the transport's public face.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import resource
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 import orjson
 
@@ -21,6 +22,23 @@ MAX_HEADER_BYTES = 64 * 1024  # the request head, request line included
 READ_TIMEOUT_S = 30.0  # a request begun may pause this long before it is refused (408)
 IDLE_TIMEOUT_S = 300.0  # a keep-alive connection with nothing to do is closed after this
 HEADER_TIMEOUT_S = 10.0  # a request head must arrive whole within this of its first byte
+
+RejectionReason = Literal[
+    "bad_request",  # 400: a request line, header, Content-Length or target that does not parse
+    "upgrade",  # 400: a protocol upgrade (WebSocket, h2c) not answerable as plain HTTP
+    "url_too_long",  # 414: a request target over `max_url_bytes`
+    "headers_too_large",  # 431: a head (or a chunked body's trailers) over `max_header_bytes`
+    "body_too_large",  # 413: a body over `max_body_bytes`, declared or streamed
+    "header_timeout",  # 408: a head not complete within `header_timeout_s` (slowloris)
+    "read_timeout",  # 408: a body that stopped arriving for `read_timeout_s`
+    "not_reading",  # dropped: the client took none of its answers for `read_timeout_s`
+    "internal_error",  # 500: a bug of ours while parsing (logged)
+    "max_connections",  # 503 on connect: at `max_connections`, with no silent one to evict
+    "draining",  # 503 on connect: the server is shutting down
+    "evicted",  # closed: connected and silent at the cap, to make room for a newcomer
+]
+"""Why the transport refused a request or a connection before any handler saw it."""
+REJECTION_REASONS: tuple[RejectionReason, ...] = get_args(RejectionReason)
 
 
 def _default_max_connections() -> int:

@@ -13,49 +13,71 @@ from __future__ import annotations
 from queryserve.repository import VERSION
 from queryserve.server import kserve, kserve_json
 from queryserve.server.http import Request, Response
-from queryserve.server.routing import Router, ServerState, json_response
+from queryserve.server.routing import Router, json_response
+from queryserve.server.state import ServerState
 
 _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 
 
 def add_routes(router: Router, state: ServerState) -> None:
-    repository = state.repository
+    routes = KServeRoutes(state)
+    router.add("GET", "/v2", routes.server_metadata)
+    router.add("GET", "/v2/health/live", routes.live)
+    router.add("GET", "/v2/health/ready", routes.ready)
+    router.add("GET", "/v2/models/stats", routes.all_stats)
+    router.add("POST", "/v2/repository/index", routes.repository_index)
+    router.add_pattern("POST", _MODEL + "/infer", routes.infer)  # first: the hot path tries it
+    router.add_pattern("GET", _MODEL, routes.metadata)
+    router.add_pattern("GET", _MODEL + "/ready", routes.model_ready)
+    router.add_pattern("GET", _MODEL + "/config", routes.config)
+    router.add_pattern("GET", _MODEL + "/stats", routes.stats)
+    router.add_pattern("POST", r"/v2/repository/models/(?P<name>[^/]+)/load", routes.load)
+    router.add_pattern("POST", r"/v2/repository/models/(?P<name>[^/]+)/unload", routes.unload)
 
-    async def server_metadata(request: Request) -> Response:
+
+class KServeRoutes:
+    """The KServe v2 routes' handlers, one method each, over the server's state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.repository = state.repository
+
+    async def server_metadata(self, request: Request) -> Response:
         return json_response(kserve.server_metadata())
 
-    async def live(request: Request) -> Response:
+    async def live(self, request: Request) -> Response:
         return Response(200)
 
-    async def ready(request: Request) -> Response:
-        return Response(200 if state.ready() else 503)
+    async def ready(self, request: Request) -> Response:
+        return Response(200 if self.state.ready() else 503)
 
-    async def model_ready(request: Request, name: str, version: str | None) -> Response:
-        model = repository.models.get(name)
+    async def model_ready(self, request: Request, name: str, version: str | None) -> Response:
+        model = self.repository.models.get(name)
         if model is not None and version in (None, VERSION) and model.ready():
             return Response(200)
-        return Response(400 if repository.exists(name) else 404)
+        return Response(400 if self.repository.exists(name) else 404)
 
-    async def metadata(request: Request, name: str, version: str | None) -> Response:
-        return json_response(kserve.model_metadata(repository.get(name, version).config,
+    async def metadata(self, request: Request, name: str, version: str | None) -> Response:
+        return json_response(kserve.model_metadata(self.repository.get(name, version).config,
                                                    VERSION))
 
-    async def config(request: Request, name: str, version: str | None) -> Response:
-        model = repository.get(name, version)
+    async def config(self, request: Request, name: str, version: str | None) -> Response:
+        model = self.repository.get(name, version)
         return json_response(kserve.triton_config(model.config, model.threads))
 
-    async def stats(request: Request, name: str, version: str | None) -> Response:
-        model = repository.get(name, version)
-        return json_response({"model_stats": kserve.statistics(await state.snapshot(),
+    async def stats(self, request: Request, name: str, version: str | None) -> Response:
+        model = self.repository.get(name, version)
+        return json_response({"model_stats": kserve.statistics(await self.state.snapshot(),
                                                                [model.name])})
 
-    async def all_stats(request: Request) -> Response:
-        return json_response({"model_stats": kserve.statistics(await state.snapshot())})
+    async def all_stats(self, request: Request) -> Response:
+        return json_response({"model_stats": kserve.statistics(await self.state.snapshot())})
 
-    async def infer(request: Request, name: str, version: str | None) -> Response:
-        model = repository.get(name, version)
+    async def infer(self, request: Request, name: str, version: str | None) -> Response:
+        model = self.repository.get(name, version)
         parsed = kserve_json.decode_infer_request(request.body, request.headers, model.config)
-        result = await model.infer(kserve.model_inputs(parsed, model.config, state.check_items))
+        result = await model.infer(kserve.model_inputs(parsed, model.config,
+                                                       self.state.check_items))
         body, header_length = kserve_json.encode_infer_response(
             model.config, VERSION, parsed, model.tensors(result))
         if header_length is None:
@@ -63,26 +85,13 @@ def add_routes(router: Router, state: ServerState) -> None:
         return Response(200, body, "application/octet-stream",
                         [(kserve_json.HEADER_LENGTH, str(header_length))])
 
-    async def repository_index(request: Request) -> Response:
-        return json_response(repository.index())
+    async def repository_index(self, request: Request) -> Response:
+        return json_response(self.repository.index())
 
-    async def load(request: Request, name: str) -> Response:
-        await state.load(name)
+    async def load(self, request: Request, name: str) -> Response:
+        await self.state.load(name)
         return Response(200)
 
-    async def unload(request: Request, name: str) -> Response:
-        await state.unload(name)
+    async def unload(self, request: Request, name: str) -> Response:
+        await self.state.unload(name)
         return Response(200)
-
-    router.add("GET", "/v2", server_metadata)
-    router.add("GET", "/v2/health/live", live)
-    router.add("GET", "/v2/health/ready", ready)
-    router.add("GET", "/v2/models/stats", all_stats)
-    router.add("POST", "/v2/repository/index", repository_index)
-    router.add_pattern("POST", _MODEL + "/infer", infer)  # first: the hot path tries it first
-    router.add_pattern("GET", _MODEL, metadata)
-    router.add_pattern("GET", _MODEL + "/ready", model_ready)
-    router.add_pattern("GET", _MODEL + "/config", config)
-    router.add_pattern("GET", _MODEL + "/stats", stats)
-    router.add_pattern("POST", r"/v2/repository/models/(?P<name>[^/]+)/load", load)
-    router.add_pattern("POST", r"/v2/repository/models/(?P<name>[^/]+)/unload", unload)

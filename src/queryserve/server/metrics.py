@@ -31,8 +31,9 @@ from prometheus_client.utils import floatToGoString
 
 from queryserve.scheduling.stats import Histogram, ModelStats
 from queryserve.server.http import Request, Response
-from queryserve.server.routing import Router, ServerState
+from queryserve.server.routing import Router
 from queryserve.server.snapshot import Snapshot
+from queryserve.server.state import ServerState
 
 # The library's own histograms write `le` with this (Go's float format); it is untyped, and an
 # annotated alias keeps strict mypy's untyped-call check on for everything else.

@@ -16,7 +16,7 @@ import base64
 from typing import Any
 
 from queryserve.api import Embeddings, Inputs
-from queryserve.pipelines.model import AnyModel
+from queryserve.model import AnyModel
 from queryserve.server.http import Request, Response
 from queryserve.server.openai_protocol import (
     about,
@@ -25,17 +25,32 @@ from queryserve.server.openai_protocol import (
     model_for,
     served_models,
 )
-from queryserve.server.routing import Router, ServerState, json_body, json_response
+from queryserve.server.routing import Router, json_body, json_response
+from queryserve.server.state import ServerState
 
 EXAMPLE = '{"model": "embed", "input": ["play some jazz"]}'
 OWNER = "queryserve"
 
 
 def add_routes(router: Router, state: ServerState) -> None:
-    async def embeddings(request: Request) -> Response:
+    routes = OpenAIRoutes(state)
+    for prefix in ("/v1", ""):
+        router.add("POST", prefix + "/embeddings", routes.embeddings)
+        router.add("GET", prefix + "/models", routes.models)
+        # An id may hold slashes (`--served-model-name BAAI/bge-small-en-v1.5=embed`).
+        router.add_pattern("GET", prefix + r"/models/(?P<name>.+)", routes.one_model)
+
+
+class OpenAIRoutes:
+    """OpenAI's routes' handlers, one method each, over the server's state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def embeddings(self, request: Request) -> Response:
         body = json_body(request, EXAMPLE)
-        name, model = model_for(state, body, Embeddings, "/v1/embeddings", EXAMPLE)
-        inputs = embedding_inputs(state, body.get("input"))
+        name, model = model_for(self.state, body, Embeddings, "/v1/embeddings", EXAMPLE)
+        inputs = embedding_inputs(self.state, body.get("input"))
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
@@ -49,18 +64,12 @@ def add_routes(router: Router, state: ServerState) -> None:
             result = await model.infer(inputs)
         return json_response(embeddings_answer(name, result, encoding == "base64"))
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
         return json_response({"object": "list", "data": [
-            model_card(name, model) for name, model in served_models(state).items()]})
+            model_card(name, model) for name, model in served_models(self.state).items()]})
 
-    async def one_model(request: Request, name: str) -> Response:
-        return json_response(model_card(name, find_model(state, name)))
-
-    for prefix in ("/v1", ""):
-        router.add("POST", prefix + "/embeddings", embeddings)
-        router.add("GET", prefix + "/models", models)
-        # An id may hold slashes (`--served-model-name BAAI/bge-small-en-v1.5=embed`).
-        router.add_pattern("GET", prefix + r"/models/(?P<name>.+)", one_model)
+    async def one_model(self, request: Request, name: str) -> Response:
+        return json_response(model_card(name, find_model(self.state, name)))
 
 
 def embedding_inputs(state: ServerState, raw: object) -> Inputs:

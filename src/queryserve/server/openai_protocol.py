@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import orjson
 
 from queryserve.errors import InvalidInput, NotFound, QueryServeError
-from queryserve.pipelines.model import AnyModel, Model
+from queryserve.model import AnyModel, Model
 from queryserve.repository import shown
 from queryserve.server.http import Response
-from queryserve.server.routing import ServerState
+from queryserve.server.state import ServerState
 
 T = TypeVar("T")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from queryserve.server.http import Request, Response
-from queryserve.server.routing import Handler, Router, ServerState
+from queryserve.server.routing import Handler, Router
+from queryserve.server.state import ServerState
 
 STATIC = Path(__file__).parent / "static"
 PAGES = {"/": "index.html", "/dashboard": "dashboard.html"}

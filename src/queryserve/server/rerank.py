@@ -19,7 +19,8 @@ import numpy as np
 from queryserve.api import Inputs, PairScores, decode_texts
 from queryserve.server.http import Request, Response
 from queryserve.server.openai_protocol import about, invalid, model_for
-from queryserve.server.routing import Router, ServerState, json_body, json_response
+from queryserve.server.routing import Router, json_body, json_response
+from queryserve.server.state import ServerState
 
 EXAMPLE = ('{"model": "duplicates", "query": "sony cyber-shot dsc-w120", "documents": '
            '["sony dscw120p 7.2mp digital camera", {"text": "canon powershot a590"}], '

@@ -30,8 +30,8 @@ from queryserve.repository import ModelRepository
 from queryserve.server.access_log import AccessLog
 from queryserve.server.app import ServerApp
 from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, HttpServer, start_http_server
-from queryserve.server.routing import Limits, ServerState
 from queryserve.server.security import AccessControl, is_loopback
+from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
 from queryserve.server.workers.peers import Seat, Siblings, answer_siblings
 
@@ -118,23 +118,35 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     if siblings is not None:
         siblings.serve(False)
     began = time.monotonic()
-    log.info("draining: not ready, no new connections; up to %.0f s for accepted work",
-             options.drain_timeout_s)
-    unanswered = await listeners.shutdown(options.drain_timeout_s) if listeners else 0
-    left_s = max(0.0, options.drain_timeout_s - (time.monotonic() - began))
-    await repository.close(left_s)
+    unanswered = await _drain(listeners, repository, options.drain_timeout_s)
     if control is not None:
         control.close()
     if access_log is not None:
         access_log.close()
     if tracing is not None:
         await asyncio.to_thread(tracing.close)  # the last batch of spans goes out
+    _log_stopped(time.monotonic() - began, unanswered)
+
+
+async def _drain(listeners: Listeners | None, repository: ModelRepository,
+                 timeout_s: float) -> int:
+    """Stop listening, answer what was accepted and run every queue, in `timeout_s` in all;
+    the requests still unanswered at the deadline."""
+    began = time.monotonic()
+    log.info("draining: not ready, no new connections; up to %.0f s for accepted work",
+             timeout_s)
+    unanswered = await listeners.shutdown(timeout_s) if listeners else 0
+    left_s = max(0.0, timeout_s - (time.monotonic() - began))
+    await repository.close(left_s)
+    return unanswered
+
+
+def _log_stopped(elapsed_s: float, unanswered: int) -> None:
     if unanswered:
         log.warning("stopped after %.1f s: %d request(s) unanswered at the drain timeout",
-                    time.monotonic() - began, unanswered)
+                    elapsed_s, unanswered)
     else:
-        log.info("stopped after %.2f s: every accepted request answered",
-                 time.monotonic() - began)
+        log.info("stopped after %.2f s: every accepted request answered", elapsed_s)
 
 
 def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:

@@ -22,9 +22,10 @@ from queryserve.api import (
     Searches,
 )
 from queryserve.errors import InvalidInput
-from queryserve.pipelines.model import Model
+from queryserve.model import Model
 from queryserve.server.http import Request, Response
-from queryserve.server.routing import Router, ServerState, json_body, json_response
+from queryserve.server.routing import Router, json_body, json_response
+from queryserve.server.state import ServerState
 
 T = TypeVar("T")
 
@@ -36,65 +37,52 @@ SEARCH = '{"query": "taylor swfit", "k": 10, "catalog": "songs"}'
 
 
 def add_routes(router: Router, state: ServerState) -> None:
-    def model(body: dict[str, Any], default: str, kind: type[T], route: str) -> Model[T]:
-        name = body.get("model", default)
-        if not isinstance(name, str):
-            raise InvalidInput(f"'model' must name a model, e.g. \"{default}\"")
-        return state.repository.get(name).answering(kind, route)
+    routes = TaskRoutes(state)
+    router.add("POST", "/v1/spell", routes.spell)
+    router.add("POST", "/v1/intent", routes.intent)
+    router.add("POST", "/v1/duplicates", routes.duplicates)
+    router.add("POST", "/v1/search", routes.search)
 
-    def texts(body: dict[str, Any], field: str, example: str) -> list[str]:
-        if not isinstance(body.get(field), list):
-            raise InvalidInput(f'the body must be a JSON object with "{field}": a list, e.g. '
-                               f"{example}")
-        return state.texts(body[field], field)
 
-    def options(body: dict[str, Any], *names: str) -> dict[str, object]:
-        return {name: body[name] for name in names if name in body}
+class TaskRoutes:
+    """The task routes' handlers, one method each, over the server's state."""
 
-    async def spell(request: Request) -> Response:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def spell(self, request: Request) -> Response:
         """`{"queries": [...]}` -> `{"corrections": [{query, corrected, changed, score}]}`, by
         model `spell` or the spelling or text2text model named by `"model"`."""
         body = json_body(request, SPELL)
-        corrector = model(body, "spell", Corrections, "/v1/spell")
-        result = await corrector.infer(Inputs(texts(body, "queries", SPELL)))
+        corrector = self.model(body, "spell", Corrections, "/v1/spell")
+        result = await corrector.infer(Inputs(self.texts(body, "queries", SPELL)))
         return json_response({"corrections": result.corrections})
 
-    async def intent(request: Request) -> Response:
+    async def intent(self, request: Request) -> Response:
         """`{"queries": [...], "top_k": 3}` -> `{"results": [{"query", "intents": [{"intent",
         "score"}]}]}`, the likeliest labels first."""
         body = json_body(request, INTENT)
-        classifier = model(body, "intent", Classifications, "/v1/intent")
-        queries = texts(body, "queries", INTENT)
-        result = await classifier.infer(Inputs(queries, parameters=options(body, "top_k")))
+        classifier = self.model(body, "intent", Classifications, "/v1/intent")
+        queries = self.texts(body, "queries", INTENT)
+        result = await classifier.infer(Inputs(queries, parameters=_options(body, "top_k")))
         return json_response({"results": [
             {"query": q, "intents": _labels(top)}
             for q, top in zip(queries, result.top, strict=True)]})
 
-    async def duplicates(request: Request) -> Response:
+    async def duplicates(self, request: Request) -> Response:
         """`{"pairs": [[a, b], ...], "threshold"?}` -> `{"threshold", "results":
         [{"probability", "duplicate"}]}`: whether each pair of product texts names one
         product."""
         body = json_body(request, DUPLICATES)
-        scorer = model(body, "duplicates", PairScores, "/v1/duplicates")
-        pairs = body.get("pairs")
-        if not isinstance(pairs, list):
-            raise InvalidInput(f'the body must be a JSON object with "pairs": a list of '
-                               f"[text, text] pairs, e.g. {DUPLICATES}")
-        state.check_items(len(pairs))
-        if not pairs:
-            raise InvalidInput(f"'pairs' is empty; send at least one pair, e.g. {DUPLICATES}")
-        for i, pair in enumerate(pairs):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise InvalidInput(f"pairs[{i}] must be a list of two texts, got "
-                                   f"{str(pair)[:80]}")
-            state.texts(pair, f"pairs[{i}]")
+        scorer = self.model(body, "duplicates", PairScores, "/v1/duplicates")
+        pairs = self.pairs(body)
         result = await scorer.infer(Inputs([a for a, _ in pairs], [b for _, b in pairs],
-                                           options(body, "threshold")))
+                                           _options(body, "threshold")))
         return json_response({"threshold": result.threshold, "results": [
             {"probability": float(p), "duplicate": d}
             for p, d in zip(result.probabilities, result.duplicates, strict=True)]})
 
-    async def search(request: Request) -> Response:
+    async def search(self, request: Request) -> Response:
         """`{"query", "k", "catalog", "spell"}` -> spell -> embed -> ANN, with intent
         alongside: `{"query", "corrected", "changed", "spell_score", "searched", "intent",
         "catalog", "results": [{"id", "title", "performer_or_brand", "score"}],
@@ -104,15 +92,44 @@ def add_routes(router: Router, state: ServerState) -> None:
         if not isinstance(query, str) or not query.strip():
             raise InvalidInput(f'the body must be a JSON object with "query": a non-empty '
                                f"string, e.g. {SEARCH}")
-        searcher = model(body, "search", Searches, "/v1/search")
-        result = await searcher.infer(Inputs([query], parameters=options(
+        searcher = self.model(body, "search", Searches, "/v1/search")
+        result = await searcher.infer(Inputs([query], parameters=_options(
             body, "k", "catalog", "spell")))
         return json_response(_search_answer(result.answers[0]))
 
-    router.add("POST", "/v1/spell", spell)
-    router.add("POST", "/v1/intent", intent)
-    router.add("POST", "/v1/duplicates", duplicates)
-    router.add("POST", "/v1/search", search)
+    def model(self, body: dict[str, Any], default: str, kind: type[T], route: str) -> Model[T]:
+        """The model the body names (`"model"`, or the route's `default`), of the route's
+        kind."""
+        name = body.get("model", default)
+        if not isinstance(name, str):
+            raise InvalidInput(f"'model' must name a model, e.g. \"{default}\"")
+        return self.state.repository.get(name).answering(kind, route)
+
+    def texts(self, body: dict[str, Any], field: str, example: str) -> list[str]:
+        if not isinstance(body.get(field), list):
+            raise InvalidInput(f'the body must be a JSON object with "{field}": a list, e.g. '
+                               f"{example}")
+        return self.state.texts(body[field], field)
+
+    def pairs(self, body: dict[str, Any]) -> list[list[str]]:
+        """The body's `"pairs"`: within the item limit, each a list of two texts."""
+        pairs = body.get("pairs")
+        if not isinstance(pairs, list):
+            raise InvalidInput(f'the body must be a JSON object with "pairs": a list of '
+                               f"[text, text] pairs, e.g. {DUPLICATES}")
+        self.state.check_items(len(pairs))
+        if not pairs:
+            raise InvalidInput(f"'pairs' is empty; send at least one pair, e.g. {DUPLICATES}")
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise InvalidInput(f"pairs[{i}] must be a list of two texts, got "
+                                   f"{str(pair)[:80]}")
+            self.state.texts(pair, f"pairs[{i}]")
+        return pairs
+
+
+def _options(body: dict[str, Any], *names: str) -> dict[str, object]:
+    return {name: body[name] for name in names if name in body}
 
 
 def _labels(labels: Sequence[Label]) -> list[dict[str, object]]:

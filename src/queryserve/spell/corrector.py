@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from queryserve.api import Correction, correction, normalized
+from queryserve.api import Correction, normalized
 
 
 class Corrector(Protocol):
@@ -37,37 +37,25 @@ class Confident:
                 for c in self.corrector.correct(queries)]
 
 
-class Seq2SeqCorrector:
-    """A served model folder (`queryserve optimize --task seq2seq` output) in this process:
-    its model.yaml, tokenizer, backend and decoding, as the server runs them."""
+class ServedCorrector:
+    """A served `text2text` model folder (`queryserve optimize --task seq2seq` output) run in
+    this process as the server runs it (`local.open_model`)."""
 
     name = "seq2seq"
 
-    def __init__(self, folder: Path, batch_size: int = 32) -> None:
-        from queryserve.backends.ctranslate2 import CTranslate2Backend
-        from queryserve.config import load_model_config
-        from queryserve.pipelines.base import load_tokenizer
+    def __init__(self, folder: Path) -> None:
+        from queryserve.api import Corrections
+        from queryserve.local import open_model
 
-        config = load_model_config(folder / "model.yaml")
-        self.tokenizer = load_tokenizer(config)
-        self.backend = CTranslate2Backend(config, os.cpu_count() or 1)
-        self.batch_size = batch_size
+        self.model = open_model(folder, Corrections)
+
+    def correct(self, queries: Sequence[str]) -> list[Correction]:
+        return [c for answer in self.model.infer_parts(queries) for c in answer.corrections]
 
     def generate(self, queries: Sequence[str]) -> list[tuple[str, float]]:
         """The model's own text and score for each query, as KServe `spell` returns them."""
-        from queryserve.backends.ctranslate2 import SOURCE_TOKENS, token_rows
-        from queryserve.pipelines.text2text import generations, source_tokens
-
-        out: list[tuple[str, float]] = []
-        for start in range(0, len(queries), self.batch_size):
-            tokens = source_tokens(self.tokenizer, queries[start:start + self.batch_size])
-            out += generations(self.tokenizer,
-                               self.backend.run({SOURCE_TOKENS: token_rows(tokens)}))
-        return out
-
-    def correct(self, queries: Sequence[str]) -> list[Correction]:
-        return [correction(q, text, score)
-                for q, (text, score) in zip(queries, self.generate(queries), strict=True)]
+        return [(text, c.score) for answer in self.model.infer_parts(queries)
+                for text, c in zip(answer.generated, answer.corrections, strict=True)]
 
 
 def open_corrector(folder: Path) -> Corrector:
@@ -88,6 +76,6 @@ def open_corrector(folder: Path) -> Corrector:
             return HybridCorrector.load(folder, threads=os.cpu_count() or 1)
         return NoisyChannel.load(folder)
     if backend == "ctranslate2":
-        return Seq2SeqCorrector(folder)
+        return ServedCorrector(folder)
     raise ConfigError(f"{folder / 'model.yaml'}: backend {backend!r} is not a spelling "
                       "corrector (expected noisy_channel or ctranslate2)")

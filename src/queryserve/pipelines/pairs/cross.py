@@ -14,26 +14,25 @@ splits when it was trained) or the request's `threshold`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
+from functools import lru_cache
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from queryserve.api import Inputs, PairScores
-from queryserve.backends import Backend, create_backend
-from queryserve.config import ModelConfig, load_model_config
+from queryserve.backends import Backend
+from queryserve.config import ModelConfig
 from queryserve.errors import ConfigError, InvalidInput
-from queryserve.pipelines.base import load_tokenizer
-from queryserve.pipelines.pairs.features import TextSignals, hinted, text_signals
+from queryserve.pipelines.pairs.features import hinted, text_signals
 from queryserve.pipelines.pairs.scoring import pair_scores
-from queryserve.pipelines.text_embedding import EncoderRows, pad_token_ids
+from queryserve.pipelines.text_embedding import EncoderRows
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
 DUPLICATE = "duplicate"  # the label whose probability is the answer
-BATCH = 32  # pairs per run in `probabilities`: long inputs, so a modest batch pads little
+SIGNALS_KEPT = 1 << 16
+"""Texts whose signals (for the hints) are kept: in the batch job each product meets many
+others, and its text is read once, not once per pair."""
 
 
 def duplicate_column(config: ModelConfig) -> int:
@@ -57,13 +56,14 @@ class CrossPairScoring(EncoderRows[PairScores]):
         self.column = duplicate_column(config)
         self.threshold = config.parameter("threshold", 0.5)
         self.hints = config.parameter("hints", False)  # trained with features.pair_hint
+        self.read_signals = lru_cache(maxsize=SIGNALS_KEPT)(text_signals)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[Array]:
         if pairs is None:
             raise InvalidInput(f"model '{self.config.name}' scores pairs of texts: send both "
                                "inputs, 'text' and 'text_pair'")
         both = list(zip(texts, pairs, strict=True))
-        return self.tokenize_pairs(hinted(both) if self.hints else both)
+        return self.tokenize_pairs(hinted(both, self.read_signals) if self.hints else both)
 
     def encode_ids(self, rows: Sequence[Sequence[int]]) -> list[Array]:
         raise InvalidInput(f"model '{self.config.name}' scores pairs of texts; it takes text, "
@@ -82,42 +82,3 @@ class CrossPairScoring(EncoderRows[PairScores]):
         for sample in self.config.model_warmup:
             texts = [sample.text] * sample.batch_size
             self.scheduler.run_now(self.encode(texts, texts))
-
-
-@dataclass(frozen=True)
-class InProcessCrossEncoder:
-    """The served cross-encoder run in this process, by the same backend and tokenizer the
-    server runs: the batch job's scoring stage."""
-
-    backend: Backend
-    tokenizer: Tokenizer
-    column: int
-    output: str
-    hints: bool
-
-    @classmethod
-    def load(cls, folder: Path, threads: int) -> InProcessCrossEncoder:
-        config = load_model_config(folder / "model.yaml")
-        return cls(create_backend(config, threads), load_tokenizer(config),
-                   duplicate_column(config),
-                   config.parameter("probabilities_output", "probabilities"),
-                   config.parameter("hints", False))
-
-    def probabilities(self, pairs: Sequence[tuple[str, str]],
-                      read: Callable[[str], TextSignals] = text_signals,
-                      on_batch: Callable[[int], None] | None = None) -> Array:
-        """P(duplicate) of each pair, in length-sorted batches (little padding); `read` reads
-        a text's signals for the hints (a caching one where texts come back)."""
-        shown = hinted(list(pairs), read) if self.hints else list(pairs)
-        encodings = self.tokenizer.encode_batch(shown)
-        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
-        out = np.zeros(len(encodings), dtype=np.float32)
-        segments = "token_type_ids" in self.backend.input_names
-        for start in range(0, len(order), BATCH):
-            rows = order[start:start + BATCH]
-            feed = pad_token_ids([encodings[i].ids for i in rows],
-                                 [encodings[i].type_ids for i in rows] if segments else None)
-            out[rows] = self.backend.run(feed)[self.output][:, self.column]
-            if on_batch:
-                on_batch(len(rows))
-        return out

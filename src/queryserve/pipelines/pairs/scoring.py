@@ -86,10 +86,8 @@ class PairScoring(TextPipeline[Pair, float, PairScores]):
     # -- batch stages, on an instance's thread ------------------------------------------------
 
     def collate(self, payloads: Sequence[Pair]) -> dict[str, Array]:
-        inputs = pad_token_ids([p.left for p in payloads] + [p.right for p in payloads])
-        if self.wants_token_types:
-            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
-        return inputs
+        return pad_token_ids([p.left for p in payloads] + [p.right for p in payloads],
+                             token_types=self.wants_token_types)
 
     def split(self, outputs: dict[str, Array], payloads: Sequence[Pair]) -> Sequence[float]:
         vectors = outputs[self.embedding]

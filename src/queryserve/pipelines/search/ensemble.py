@@ -35,7 +35,7 @@ from queryserve.api import (
 )
 from queryserve.config import MAX_K, ModelConfig, SearchSteps
 from queryserve.errors import InvalidInput, QueryServeError, QueryTooLong, Unavailable
-from queryserve.pipelines.model import AnyModel
+from queryserve.model import AnyModel
 from queryserve.pipelines.search.catalog import CATALOGS
 from queryserve.pipelines.search.index import CatalogIndex, load_index
 from queryserve.types import Array

@@ -1,4 +1,5 @@
-"""The vector index: each catalog item embedded once with the served encoder, kept on disk.
+"""The vector index: each catalog item embedded once with the served encoder, kept on disk
+(`queryserve.indexing` builds it; this module reads it for the search ensemble).
 
 A folder per catalog (`songs/`, `products/`) holds `vectors.npy` (unit vectors, fp32: the exact
 search, and what the ANN index is rebuilt from), `items.jsonl`, `ann.faiss` (an HNSW graph,
@@ -17,8 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 
 from queryserve.errors import ConfigError
-from queryserve.pipelines.search.catalog import CATALOGS, Item, load_items
+from queryserve.pipelines.search.catalog import CATALOGS, Item
 from queryserve.types import Array
 
-EMBED_BATCH = 64
 ANN_FILE = "ann.faiss"
 CONNECTIVITY = 32  # HNSW's M: links per node
 # A graph built with a wider search (efConstruction 400, against 128) keeps its recall with a
@@ -52,41 +51,6 @@ def encoder_fingerprint(encoder: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()[:16]
-
-
-def embed_texts(encoder: Path, texts: Sequence[str],
-                on_batch: Callable[[int], None] | None = None) -> Array:
-    """The served encoder's vectors for `texts`, computed in this process by the same backend
-    and tokenizer the server runs (length-sorted batches, so little padding)."""
-    from queryserve.backends import create_backend
-    from queryserve.config import load_model_config
-    from queryserve.pipelines.base import load_tokenizer
-    from queryserve.pipelines.text_embedding import pad_token_ids
-
-    config = load_model_config(encoder / "model.yaml")
-    tokenizer = load_tokenizer(config)
-    backend = create_backend(config, os.cpu_count() or 1)
-    # A pair_scoring model's first output is its probability; its encoder's is named apart.
-    output = config.parameter("embedding_output", config.outputs[0].name)
-    ids = [e.ids for e in tokenizer.encode_batch(list(texts))]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    vectors: Array | None = None
-    for start in range(0, len(order), EMBED_BATCH):
-        rows = order[start:start + EMBED_BATCH]
-        inputs = pad_token_ids([ids[i] for i in rows])
-        if "token_type_ids" in backend.input_names:
-            inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
-        batch = backend.run(inputs)[output]
-        if vectors is None:
-            vectors = np.zeros((len(ids), batch.shape[1]), dtype=np.float32)
-        vectors[rows] = batch
-        if on_batch:
-            on_batch(len(rows))
-    if vectors is None:
-        return np.zeros((0, 0), dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit: Array = vectors / np.maximum(norms, 1e-12)
-    return unit
 
 
 @dataclass
@@ -116,7 +80,7 @@ class CatalogIndex:
         return rows
 
 
-def _faiss() -> Any:
+def load_faiss() -> Any:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its INFO lines are noise
     import faiss
 
@@ -124,49 +88,6 @@ def _faiss() -> Any:
     # cores; OpenMP threads would only contend with them.
     faiss.omp_set_num_threads(1)
     return faiss
-
-
-def _new_ann(vectors: Array) -> Any:
-    faiss = _faiss()
-    ann = faiss.IndexHNSWFlat(vectors.shape[1], CONNECTIVITY, faiss.METRIC_INNER_PRODUCT)
-    ann.hnsw.efConstruction = EXPANSION_ADD
-    ann.hnsw.efSearch = EXPANSION_SEARCH
-    ann.add(vectors.astype(np.float32))
-    return ann
-
-
-def build_index(folder: Path, encoder: Path, data: Path, progress: bool = True,
-                catalogs: Sequence[str] = CATALOGS) -> dict[str, object]:
-    """Embed every catalog item with `encoder` and write the index under `folder`."""
-    from rich.progress import TaskID
-
-    from queryserve.progress import progress_bar
-
-    fingerprint = encoder_fingerprint(encoder)
-    built: dict[str, object] = {"encoder": fingerprint}
-    with progress_bar(progress) as display:
-        for catalog in catalogs:
-            items = load_items(data, catalog)
-            task = display.add_task(f"embedding {catalog}", total=len(items), status="")
-
-            def advance(n: int, task: TaskID = task) -> None:
-                display.advance(task, n)
-
-            vectors = embed_texts(encoder, [item.text for item in items], advance)
-            ann = _new_ann(vectors)
-            out = folder / catalog
-            out.mkdir(parents=True, exist_ok=True)
-            np.save(out / "vectors.npy", vectors)
-            (out / "items.jsonl").write_text(
-                "".join(json.dumps([i.id, i.title, i.performer_or_brand]) + "\n"
-                        for i in items), encoding="utf-8")
-            _faiss().write_index(ann, str(out / ANN_FILE))
-            # meta.json last: a folder without it is an unfinished build, rebuilt next time.
-            (out / "meta.json").write_text(json.dumps(
-                {"encoder": fingerprint, "items": len(items), "dims": int(vectors.shape[1]),
-                 "hnsw": HNSW}))
-            built[catalog] = len(items)
-    return built
 
 
 def index_is_current(folder: Path, encoder: Path, catalogs: Sequence[str] = CATALOGS) -> bool:
@@ -191,6 +112,6 @@ def load_index(folder: Path, catalog: str) -> CatalogIndex:
         id_, title, who = json.loads(line)
         items.append(Item(id_, catalog, title, who))
     vectors = np.load(out / "vectors.npy")
-    ann = _faiss().read_index(str(out / ANN_FILE))
+    ann = load_faiss().read_index(str(out / ANN_FILE))
     ann.hnsw.efSearch = EXPANSION_SEARCH  # not kept in the file
     return CatalogIndex(catalog, items, vectors, ann)

@@ -16,7 +16,7 @@ from queryserve.server.grpc.proto.grpc_service_pb2_grpc import (
     add_GRPCInferenceServiceServicer_to_server,
 )
 from queryserve.server.grpc.service import InferenceService
-from queryserve.server.routing import ServerState
+from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from queryserve.repository import VERSION, shown
 from queryserve.server import kserve
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
-from queryserve.server.routing import ServerState
 from queryserve.server.security import valid_id
+from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
 

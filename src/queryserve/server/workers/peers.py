@@ -31,8 +31,8 @@ from typing import Any
 
 from queryserve import errors
 from queryserve.errors import QueryServeError, ServeError
-from queryserve.server.routing import ServerState
 from queryserve.server.snapshot import Snapshot
+from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
 

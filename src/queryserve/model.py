@@ -4,11 +4,13 @@
 This is the model API every front end uses. The model records its own requests (count, outcome,
 latency), so a protocol added later cannot forget to; the search ensemble is a `Model` too, and
 its steps are counted on their own models, as Triton counts an ensemble's composing models.
+Nothing outside reaches through a model to its pipeline: what the server asks of one (its
+queue, its close) the model answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -20,7 +22,7 @@ from queryserve.api import (
     PairScores,
     Searches,
 )
-from queryserve.config import ModelConfig
+from queryserve.config import ModelConfig, PipelineKind
 from queryserve.errors import InvalidInput
 from queryserve.scheduling.stats import ModelStats, request_recorded
 from queryserve.types import Array
@@ -29,7 +31,7 @@ Res = TypeVar("Res")
 T = TypeVar("T")
 
 
-ANSWERS: dict[str, type] = {
+ANSWERS: Mapping[PipelineKind, type] = {
     "text_embedding": Embeddings,
     "text_classification": Classifications,
     "pair_scoring": PairScores,
@@ -37,7 +39,13 @@ ANSWERS: dict[str, type] = {
     "spelling": Corrections,
     "search": Searches,
 }
-"""What each `pipeline:` answers (`queryserve.api`): a front end asks for a model by it."""
+"""What each `pipeline:` answers (`queryserve.api`): a front end asks for a model by it. Every
+`config.PipelineKind` has its row (`tests/unit/test_model.py` checks)."""
+
+
+def pipelines_answering(kind: type) -> tuple[PipelineKind, ...]:
+    """The pipeline kinds whose models answer `kind`, as error messages list them."""
+    return tuple(pipeline for pipeline, answer in ANSWERS.items() if answer is kind)
 
 
 class Pipeline(Protocol[Res]):
@@ -72,6 +80,11 @@ class Model(Generic[Res]):
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def queue_depth(self) -> int:
+        """Items waiting for a batch (0 for the ensemble: its steps queue on their models)."""
+        return self.pipeline.queue_depth
+
     def ready(self) -> bool:
         """Loaded and warmed up, and (an ensemble) every step loaded."""
         return self.pipeline.ready()
@@ -84,11 +97,19 @@ class Model(Generic[Res]):
         """A result as the model's declared outputs, by name (KServe v2's tensors)."""
         return self.pipeline.tensors(result)
 
+    def close(self) -> Awaitable[None]:
+        """Take no more work and run the queue to the end (the model is retired)."""
+        return self.pipeline.close()
+
+    def abort(self) -> None:
+        """Fail whatever still waits: a close that ran past its deadline."""
+        self.pipeline.abort()
+
     def answering(self, kind: type[T], route: str) -> Model[T]:
         """This model, typed as one whose `infer` answers `kind`; a model of another kind is
         the client's mistake (it named the wrong model for the route)."""
         if ANSWERS[self.config.pipeline] is not kind:
-            kinds = " and ".join(p for p, answer in ANSWERS.items() if answer is kind)
+            kinds = " and ".join(pipelines_answering(kind))
             raise InvalidInput(f"model '{self.name}' is a {self.config.pipeline} model; {route} "
                                f"serves {kinds} models only")
         return self  # type: ignore[return-value]  # checked just above

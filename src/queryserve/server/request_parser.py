@@ -1,0 +1,185 @@
+"""Reading one connection's requests (`RequestParser`): httptools' callbacks build each `Request`,
+and hold it to the size limits of `HttpLimits` as its bytes arrive.
+
+Why the limits are enforced as bytes arrive, not when a line completes: what the server holds for
+a client must stay bounded in time, memory and CPU whatever it sends. httptools buffers a header
+value until its line ends, and one 128 MB header line without a newline cost 14 s of CPU; so the
+bytes fed to the parser while a head (or a chunked body's trailers) is incomplete are counted,
+and refused with 431 once past the limit, at most one feed (`FEED_BYTES`, the connection's
+slice) later (now refused within the first MB sent, in under 10 ms of CPU).
+
+A chunked body's trailers count against the header limit as the head's fields do, and are then
+dropped, never merged into `Request.headers`: a proxy in front checks (or sets) the head's
+fields, not the trailers', so a trailer must not stand in for a Host, an API key or a
+Content-Type it let through (RFC 9110 6.5.1: merged only where a field's definition allows).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn, Protocol
+from urllib.parse import unquote
+
+import httptools
+
+from queryserve.server.deadlines import Deadlines
+from queryserve.server.http_types import HttpLimits, RejectionReason, Request
+
+log = logging.getLogger(__name__)
+
+# `head_bytes` when no request head is incomplete, and when one began in the slice being fed.
+_NO_HEAD = -2
+_HEAD_BEGAN = -1
+
+
+class _Stop(Exception):
+    """Raised from a parser callback once the request is refused: the parser reads no further."""
+
+
+class RequestSink(Protocol):
+    """Where the parser's requests and refusals go (`HttpConnection`)."""
+
+    rejected: bool  # read nothing more: a request parsed now is not answered
+
+    def received(self, request: Request, keep_alive: bool) -> None:
+        """A request is read whole."""
+        ...
+
+    def continue_expected(self) -> None:
+        """The request head asks for `100 Continue` before it sends its body."""
+        ...
+
+    def upgrade_requested(self) -> None:
+        """The request asks for another protocol; the parser reads nothing after it."""
+        ...
+
+    def refuse(self, status: int, message: str, reason: RejectionReason) -> None:
+        """Answer with an error and close; count the refusal under `reason`."""
+        ...
+
+
+class RequestParser:
+    """httptools' callbacks for one connection: each request, checked as it streams in."""
+
+    def __init__(self, sink: RequestSink, limits: HttpLimits, deadlines: Deadlines) -> None:
+        self.sink = sink
+        self.deadlines = deadlines
+        self.max_body_bytes = limits.max_body_bytes
+        self.max_url_bytes = limits.max_url_bytes
+        self.max_header_bytes = limits.max_header_bytes
+        self.parser = httptools.HttpRequestParser(self)
+        self.in_message = False  # a request is partly read
+        self.head_bytes = _NO_HEAD  # bytes fed while the current request head is incomplete
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.fields = self.headers  # where header lines go; a chunked body's trailers, apart
+        self.header_bytes = 0  # the head's header lines, then its trailers'
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """Parse `data`; a request read whole goes to the sink, a bad one is refused."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.sink.upgrade_requested()
+            return
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _Stop):  # a bug of ours, not the client's
+                log.error("unhandled error parsing a request", exc_info=exc.__context__)
+                self.sink.refuse(500, "internal server error", "internal_error")
+            return
+        except httptools.HttpParserError as exc:
+            self.sink.refuse(400, f"malformed HTTP request: {exc}", "bad_request")
+            return
+        if self.head_bytes != _NO_HEAD:
+            # A head (or a chunked body's trailers) is still incomplete and the parser holds its
+            # bytes, as a header value is buffered until its line ends: count them now.
+            if self.head_bytes == _HEAD_BEGAN:
+                self.head_bytes = 0  # it began in this slice: its share is under one slice
+            else:
+                self.head_bytes += len(data)
+                if self.head_bytes > self.max_header_bytes:
+                    self.sink.refuse(431, f"request headers (or trailers) are over the limit of "
+                                          f"{self.max_header_bytes} bytes", "headers_too_large")
+
+    def _refuse(self, status: int, message: str, reason: RejectionReason) -> NoReturn:
+        """From a parser callback: answer with an error, close, and stop the parser."""
+        self.sink.refuse(status, message, reason)
+        raise _Stop
+
+    # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.in_message = True
+        self.head_bytes = _HEAD_BEGAN
+        self.deadlines.head_began()
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.max_url_bytes:
+            self._refuse(414, f"request target is over the limit of {self.max_url_bytes} bytes",
+                         "url_too_long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > self.max_header_bytes:
+            self._refuse(431, f"request headers are over the limit of "
+                              f"{self.max_header_bytes} bytes", "headers_too_large")
+        self.fields[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.head_bytes = _NO_HEAD
+        self.deadlines.head_started = None
+        if self.sink.rejected:
+            return
+        length = self.headers.get("content-length")
+        if length is not None:
+            # llhttp checks it too; ASCII digits only here, as `int` refuses '²' that isdigit takes
+            if not (length.isascii() and length.isdigit()):
+                self._refuse(400, f"Content-Length {length!r} is not a number of bytes",
+                             "bad_request")
+            if int(length) > self.max_body_bytes:
+                self._refuse(413, f"request body of {length} bytes is over the limit of "
+                                  f"{self.max_body_bytes} bytes", "body_too_large")
+        if self.headers.get("expect", "").lower() == "100-continue":
+            self.sink.continue_expected()
+
+    def on_chunk_header(self) -> None:
+        # The last chunk's header is followed by trailers, which httptools buffers as it does
+        # headers: count what follows as a head until body bytes come.
+        self.head_bytes = _HEAD_BEGAN
+        # Trailers come only after the last chunk's header: they go here, out of the headers,
+        # and are dropped (a new dict here costs nothing to a request without a chunked body).
+        self.fields = {}
+
+    def on_body(self, body: bytes) -> None:
+        self.head_bytes = _NO_HEAD
+        self.body_bytes += len(body)
+        if self.body_bytes > self.max_body_bytes:
+            self._refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes",
+                         "body_too_large")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        self.head_bytes = _NO_HEAD  # after trailers
+        if self.sink.rejected:
+            return
+        try:
+            parsed = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            self._refuse(400, f"request target {self.url[:200]!r} is not a path", "bad_request")
+        # An absolute-form target with no path ("http://host") means "/" (RFC 9112 3.2.2).
+        path = parsed.path.decode("utf-8", "replace") if parsed.path else "/"
+        self.sink.received(Request(
+            method=self.parser.get_method().decode("ascii"),
+            path=unquote(path) if "%" in path else path,
+            query=(parsed.query or b"").decode("utf-8", "replace"),
+            headers=self.headers,
+            body=b"".join(self.body),
+        ), self.parser.should_keep_alive())

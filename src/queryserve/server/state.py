@@ -1,0 +1,164 @@
+"""The server as every front end sees it, HTTP and gRPC alike: the repository, the request
+limits, readiness and draining, access control, the other workers, and the figures the
+metrics and statistics report.
+
+No protocol lives here: the transports fill in what they own (`transport`, once listening), and
+the front ends read the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from queryserve.api import decode_texts
+from queryserve.errors import InvalidInput, PayloadTooLarge
+from queryserve.repository import ModelRepository
+from queryserve.server.security import AccessControl
+from queryserve.server.snapshot import (
+    ModelFigures,
+    Snapshot,
+    TransportCounts,
+    merged,
+    process_families,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_items: int = 1024
+    """Items in one request: the rows of its batch (a text, or a pair of texts for a pair
+    model), as Triton's batch dimension counts them."""
+
+
+class Connections(Protocol):
+    """The transport's counts, as the metrics report them (`HttpServer` has them)."""
+
+    @property
+    def connections(self) -> int: ...
+
+    @property
+    def refused(self) -> int: ...
+
+    @property
+    def evicted(self) -> int: ...
+
+    @property
+    def unanswered(self) -> int:
+        """Requests read and not yet answered, over every connection."""
+        ...
+
+    @property
+    def rejections(self) -> Mapping[str, int]:
+        """Refusals by reason (`queryserve.server.http.RejectionReason`), every reason present."""
+        ...
+
+
+class Siblings(Protocol):
+    """The other workers of a `--workers N` server, as one worker reaches them
+    (`queryserve.server.workers.Siblings`)."""
+
+    @property
+    def worker(self) -> int:
+        """This worker's number, 0 to N - 1."""
+        ...
+
+    @property
+    def restarts(self) -> int:
+        """Workers the supervisor has replaced since the server started."""
+        ...
+
+    def all_serving(self) -> bool:
+        """Every worker is listening, its models warm, and none is draining."""
+        ...
+
+    async def snapshots(self) -> list[Snapshot]:
+        """Each sibling's own snapshot (those that answer: one being replaced does not)."""
+        ...
+
+    async def everywhere(self, action: str, name: str) -> None:
+        """`load` or `unload` model `name` in every sibling; an error names the worker."""
+        ...
+
+
+@dataclass
+class ServerState:
+    """The server as every front end sees it."""
+
+    repository: ModelRepository
+    limits: Limits = field(default_factory=Limits)
+    transport: Connections | None = None
+    """Set once the server listens."""
+    loading: bool = True
+    """Until the repository's first load is done."""
+    draining: bool = False
+    """From the first SIGTERM/SIGINT: readiness answers 503 while accepted work finishes."""
+    auth: AccessControl = field(default_factory=AccessControl)
+    """API keys and the browser guard (Host, Origin, CORS), shared by HTTP and gRPC."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Served model names (`--served-model-name ALIAS=MODEL`): what clients may call a model,
+    e.g. `text-embedding-3-small` for `embed`."""
+
+    siblings: Siblings | None = None
+    """With `--workers N`, the other workers: readiness, statistics and the repository's
+    load and unload are the whole server's, whichever worker answers."""
+
+    def ready(self) -> bool:
+        return (not self.loading and not self.draining and self.repository.ready()
+                and (self.siblings is None or self.siblings.all_serving()))
+
+    def snapshot_here(self) -> Snapshot:
+        """This process's figures, the live objects themselves (read on this loop)."""
+        transport = self.transport
+        counts = None if transport is None else TransportCounts(
+            transport.connections, transport.unanswered, dict(transport.rejections))
+        models = {name: ModelFigures(m.stats, m.queue_depth)
+                  for name, m in self.repository.models.items()}
+        worker = self.siblings.worker if self.siblings is not None else None
+        return Snapshot(models, counts, self.auth.failures, self.auth.forbidden,
+                        process_families(worker))
+
+    async def snapshot(self) -> Snapshot:
+        """The whole server's figures: this process's, with every worker's added."""
+        here = self.snapshot_here()
+        if self.siblings is None:
+            return here
+        return merged([here, *await self.siblings.snapshots()])
+
+    async def load(self, name: str) -> None:
+        """(Re)load a model here and in every sibling; answers when all have."""
+        if self.siblings is None:
+            await self.repository.load(name)
+            return
+        await _together(self.repository.load(name), self.siblings.everywhere("load", name))
+
+    async def unload(self, name: str) -> None:
+        self.repository.unload(name)
+        if self.siblings is not None:
+            await self.siblings.everywhere("unload", name)
+
+    def texts(self, raw: object, where: str) -> list[str]:
+        """A request's list of texts: a non-empty list within the item limit, each item
+        non-empty UTF-8 text."""
+        if not isinstance(raw, list):
+            raise InvalidInput(f"'{where}' must be a list of strings")
+        self.check_items(len(raw))
+        if not raw:
+            raise InvalidInput(f"'{where}' is empty; send at least one")
+        return decode_texts(raw, where)
+
+    def check_items(self, count: int) -> None:
+        if count > self.limits.max_items:
+            raise PayloadTooLarge(f"the request has {count} items; at most "
+                                  f"{self.limits.max_items} are allowed per request")
+
+
+async def _together(*steps: Awaitable[object]) -> None:
+    """Run the steps at once and wait for all, then raise the first failure: one worker's
+    failed load must not leave the others' half done and unawaited."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
