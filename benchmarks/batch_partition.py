@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from queryserve.bench.server_process import build_repository, serving  # noqa: E402
 from queryserve.config import DynamicBatching, load_model_config  # noqa: E402
-from queryserve.optimize import encoder  # noqa: E402
+from queryserve.optimize import candidates  # noqa: E402
 from queryserve.optimize.plan import rate_of  # noqa: E402
 from queryserve.prepare import read_utterances  # noqa: E402
 from queryserve.scheduling.batcher import DynamicBatcher, QueuedItem  # noqa: E402
@@ -70,21 +70,21 @@ def rules() -> dict[str, DynamicBatching | None]:
 
 def runner(batching: DynamicBatching | None) -> Callable[[Sequence[str]], object]:
     """Each call queues one window of queries and runs every batch the rule cuts from it."""
-    session = encoder._session(MODEL / "model.onnx", threads=1, spinning=False)
-    tokenizer = encoder.load_tokenizer(MODEL / "tokenizer.json")
-    names = encoder._input_names(session)
+    session = candidates.open_session(MODEL / "model.onnx", threads=1, spinning=False)
+    tokenizer = candidates.load_tokenizer(MODEL / "tokenizer.json")
+    names = candidates.input_names(session)
     output = [session.get_outputs()[0].name]
 
     def run(window: Sequence[str]) -> object:
-        rows = encoder.encode(tokenizer, window)
+        rows = candidates.encode(tokenizer, window)
         if batching is None:
-            return session.run(output, encoder.feeds(rows, names))
+            return session.run(output, candidates.feeds(rows, names))
         batcher: DynamicBatcher[tuple[list[int], list[int]]] = DynamicBatcher(batching, 64)
         batcher.add([QueuedItem(row, len(row[0]), 0.0, float("inf"), Waiting())
                      for row in rows])
         while len(batcher):
             batch = [item.payload for item in batcher.cut(0.0).batch]
-            session.run(output, encoder.feeds(batch, names))
+            session.run(output, candidates.feeds(batch, names))
         return None
 
     return run

@@ -16,6 +16,7 @@ import numpy as np, onnx
 from onnx import helper as h, TensorProto as T
 from onnxruntime.quantization import (quantize_dynamic, quantize_static, QuantType, QuantFormat,
                                       CalibrationDataReader, CalibrationMethod)
+from queryserve.optimize import candidates as C
 from queryserve.optimize import encoder as E
 from queryserve.optimize import recipes as R
 from queryserve.optimize.source import minilm_folder
@@ -27,8 +28,8 @@ ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 HF = minilm_folder(); TOKP = HF / "tokenizer.json"
 queries = read_utterances(Path("data/massive-en/test.jsonl"), 512)
 calib = read_utterances(Path("data/massive-en/train.jsonl"), 512)
-tok = E.load_tokenizer(TOKP)
-CAL = R.BuildInputs(E.batches(tok, calib, 32, ("input_ids", "attention_mask")))
+tok = C.load_tokenizer(TOKP)
+CAL = R.BuildInputs(C.batches(tok, calib, 32, ("input_ids", "attention_mask")))
 t0 = time.perf_counter()
 def p(name): return OUT / f"{name}.onnx"
 def wmm(path):
@@ -108,27 +109,27 @@ def bf16():
                      [h.make_tensor_value_info("a", T.BFLOAT16, [2, 384]), h.make_tensor_value_info("b", T.BFLOAT16, [384, 384])],
                      [h.make_tensor_value_info("y", T.BFLOAT16, None)])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]); m.ir_version = 8
-    E._session(m.SerializeToString())
+    C.open_session(m.SerializeToString())
 build("bf16", "bfloat16 MatMul on ORT CPU EP", bf16)
 print(f"build phase {time.perf_counter()-t0:.0f}s", flush=True)
 ref = E.reference_embeddings(HF, queries)
 rows = {}
 for name, path in built.items():
     prec = "fp32" if name in ("fp32", "fp32-fused") else "int8"
-    s = E._session(path)
-    per = {b: E._parity(s, tok, queries, ref, prec, (b,)) for b in (1, 32, 64, 128)}
-    gated = E._parity(s, tok, queries, ref, prec, E.PARITY_BATCH_SIZES)
+    s = C.open_session(path)
+    per = {b: C.parity_of(s, tok, queries, ref, prec, (b,)) for b in (1, 32, 64, 128)}
+    gated = C.parity_of(s, tok, queries, ref, prec, C.PARITY_BATCH_SIZES)
     rows[name] = {"parity": gated, "per": per}
     print(f"parity {name}: {gated.describe()} passed={gated.passed} | bs128 mean {per[128].mean:.5f} min {per[128].min:.5f}", flush=True)
 print(f"parity phase done {time.perf_counter()-t0:.0f}s", flush=True)
-sessions = {n: E._session(pth) for n, pth in built.items()}
+sessions = {n: C.open_session(pth) for n, pth in built.items()}
 samples = {n: {1: [], 32: []} for n in sessions}
 for s in sessions.values():
-    for b in (1, 32): E._warm_up(s, tok, queries, b)
+    for b in (1, 32): C.measure(s, tok, queries, b, 0.2)  # warm up
 for r in range(ROUNDS):
     for b in (1, 32):
         for n, s in sessions.items():
-            samples[n][b].append(E._measure(s, tok, queries, b, SECS))
+            samples[n][b].append(C.measure(s, tok, queries, b, SECS))
     print(f"round {r+1} done {time.perf_counter()-t0:.0f}s", flush=True)
 out = []
 print(f"\n{'variant':28s} {'gate':4s} {'mean':>9s} {'min':>9s} {'min@128':>8s} {'bs1 q/s':>8s} {'bs32 q/s':>8s}  size MB")

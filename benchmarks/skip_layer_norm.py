@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from queryserve.optimize import encoder  # noqa: E402
+from queryserve.optimize import candidates  # noqa: E402
 from queryserve.optimize.recipes import (  # noqa: E402
     CALIBRATION_BATCH,
     BuildInputs,
@@ -41,10 +41,10 @@ def fused_with_skip_layer_norm(fp32: Path, out: Path) -> Path:
     fused = out.with_name("fused.onnx")
     optimizer.optimize_model(str(fp32), model_type="bert", num_heads=12, hidden_size=384,
                              opt_level=0, use_gpu=False).save_model_to_file(str(fused))
-    tokenizer = encoder.load_tokenizer(MODEL / "tokenizer.json")
+    tokenizer = candidates.load_tokenizer(MODEL / "tokenizer.json")
     texts = read_utterances(DATA / "train.jsonl", CALIBRATION_TEXTS)
-    feeds = encoder.batches(tokenizer, texts, CALIBRATION_BATCH,  # as optimize_encoder makes them
-                            ("input_ids", "attention_mask", "token_type_ids"))
+    feeds = candidates.batches(tokenizer, texts, CALIBRATION_BATCH,  # as optimize_encoder does
+                               ("input_ids", "attention_mask", "token_type_ids"))
     quantize_int8_smoothed(fused, out, BuildInputs(feeds))
     return out
 
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     queries = read_utterances(DATA / "test.jsonl", PARITY_QUERIES)
-    tokenizer = encoder.load_tokenizer(MODEL / "tokenizer.json")
+    tokenizer = candidates.load_tokenizer(MODEL / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         before = fused_with_skip_layer_norm(MODEL / "variants" / "fp32.onnx",
                                             Path(tmp) / "before.onnx")
@@ -64,13 +64,13 @@ def main() -> None:
         for threads, spinning in ((1, False), (2, True)):
             # optimize's own timing sessions for both: the old graph carries its
             # SkipLayerNormalization nodes in the file, so CPU_DISABLED_OPTIMIZERS cannot undo them.
-            sessions = [encoder._session(path, threads, spinning)
+            sessions = [candidates.open_session(path, threads, spinning)
                         for path in (before, MODEL / "model.onnx")]
             for batch in (1, 32):
                 rates: list[list[float]] = [[], []]
                 for _ in range(args.rounds):
                     for i, s in enumerate(sessions):
-                        rates[i].append(encoder._measure(s, tokenizer, queries, batch,
+                        rates[i].append(candidates.measure(s, tokenizer, queries, batch,
                                                          args.seconds))
                 old, new = (statistics.median(r) for r in rates)
                 label = f"{threads}{', spinning' if spinning else ''}"

@@ -92,7 +92,7 @@ def main() -> None:
 def check(raw: bytes, texts: list[str]) -> None:
     """Every query and warm-up text through both models, batch 1 and batch 64: bit-equal."""
     sys.path.insert(0, str(ROOT / "src"))
-    from queryserve.optimize.encoder import engine
+    from queryserve.optimize.candidates import engine
 
     trimmed = HERE / "check-trimmed.onnx"
     trimmed.write_bytes(raw)

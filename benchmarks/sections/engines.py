@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from queryserve.bench.server_process import serving
-from queryserve.optimize.encoder import engine
+from queryserve.optimize.candidates import engine
 from queryserve.optimize.plan import rate_of
 from queryserve.optimize.source import minilm_folder
 from sections.common import MODEL_DIR, OUT, bench, load_queries, log, one_model_repository
@@ -102,7 +102,7 @@ def engine_rows(queries: list[str], seconds: float, repeats: int) -> list[dict[s
                         for t in THREADS}})
     samples: dict[tuple[int, str], list[float]] = {}
     # sentence-transformers tokenizes on the calling thread too, as queryserve's engines do
-    # (optimize/encoder.py `encode`): the tokenizers' thread pool would contend for the cores.
+    # (optimize/candidates.py `encode`): the tokenizers' thread pool would contend for the cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
         for row in rows:
@@ -156,7 +156,7 @@ def render(engines: dict[str, Any], seconds: float) -> list[str]:
         "the gate is mean >= 0.9999 for fp32, mean >= 0.99 and min >= 0.97 for reduced",
         "precision). Each engine runs with its own thread defaults: PyTorch's, and ONNX",
         "Runtime's threads spinning between operators (the server turns spinning off, section",
-        "3; `_session` in src/queryserve/optimize/encoder.py). Both tokenize on the calling",
+        "3; `open_session` in src/queryserve/optimize/candidates.py). Both tokenize on the calling",
         "thread (`TOKENIZERS_PARALLELISM=false` for sentence-transformers).",
         "",
         "| engine | parity | batch 1, 1 thread | batch 1, 2 threads | batch 1, 2 x 1 "

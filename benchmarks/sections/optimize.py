@@ -9,7 +9,7 @@ import statistics
 import time
 from typing import Any
 
-from queryserve.optimize.encoder import TIMING_THREADS
+from queryserve.optimize.candidates import TIMING_THREADS
 from queryserve.optimize.source import minilm_folder
 from sections.common import OUT, load_queries, run_optimize
 

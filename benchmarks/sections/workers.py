@@ -87,7 +87,7 @@ def in_process_rate(processes: int, seconds: float) -> float:
 
 def _one_process(start: Any, seconds: float, rates: Any) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from queryserve.optimize.encoder import engine
+    from queryserve.optimize.candidates import engine
     from queryserve.optimize.plan import rate_of
 
     run = engine(MODEL_DIR / served_file(), MODEL_DIR / "tokenizer.json", threads=1)

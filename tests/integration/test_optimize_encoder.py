@@ -18,7 +18,7 @@ import pytest
 from onnx import numpy_helper
 
 from queryserve.errors import ExportError
-from queryserve.optimize import encoder
+from queryserve.optimize import candidates, encoder
 from queryserve.optimize.plan import ChoiceRefused, rate_of
 from queryserve.optimize.recipes import RECIPES_VERSION, recipes_for
 from queryserve.prepare import _already_prepared, read_utterances
@@ -78,7 +78,7 @@ def damaged_model(tmp_path_factory: pytest.TempPathFactory, fp32_model: Path) ->
 
 
 def test_export_has_the_served_signature(fp32_model: Path) -> None:
-    session = encoder._session(fp32_model)
+    session = candidates.open_session(fp32_model)
     assert {i.name: i.type for i in session.get_inputs()} == {
         "input_ids": "tensor(int64)", "attention_mask": "tensor(int64)"}
     [output] = session.get_outputs()
@@ -94,7 +94,7 @@ def test_fp32_export_passes_the_gate_on_real_queries(
         fp32_model: Path, tokenizer_path: Path, queries: list[str],
         reference: np.ndarray) -> None:
     assert len(queries) >= 500
-    result = encoder.parity(fp32_model, tokenizer_path, queries, reference)
+    result = candidates.parity(fp32_model, tokenizer_path, queries, reference)
     assert result.passed, result.describe()
     assert result.mean >= 0.9999
     assert result.max_norm_error <= 1e-3
@@ -104,7 +104,7 @@ def test_fp32_export_passes_the_gate_on_real_queries(
 def test_damaged_weights_fail_the_gate(damaged_model: Path, tokenizer_path: Path,
                                        queries: list[str], reference: np.ndarray) -> None:
     for precision in ("fp32", "int8"):
-        result = encoder.parity(damaged_model, tokenizer_path, queries, reference,
+        result = candidates.parity(damaged_model, tokenizer_path, queries, reference,
                                 precision=precision, batch_sizes=(32,))
         assert not result.passed, result.describe()
 
@@ -114,8 +114,8 @@ def test_the_fp32_gate_is_stricter_than_the_reduced_one(
         reference: np.ndarray) -> None:
     # 5% noise on one weight (mean cosine ~0.9994): fine for int8, a bug for an fp32 export.
     path = with_noise(fp32_model, tmp_path / "slightly.onnx", 0.05)
-    as_fp32 = encoder.parity(path, tokenizer_path, queries, reference, batch_sizes=(32,))
-    as_int8 = encoder.parity(path, tokenizer_path, queries, reference, precision="int8",
+    as_fp32 = candidates.parity(path, tokenizer_path, queries, reference, batch_sizes=(32,))
+    as_int8 = candidates.parity(path, tokenizer_path, queries, reference, precision="int8",
                              batch_sizes=(32,))
     assert not as_fp32.passed and as_int8.passed, as_fp32.describe()
 
@@ -131,7 +131,7 @@ def test_unnormalised_output_fails_the_gate(tmp_path: Path, fp32_model: Path,
     model.graph.node.append(onnx.helper.make_node("Mul", ["unscaled", "two"], ["embedding"]))
     path = tmp_path / "scaled.onnx"
     onnx.save(model, str(path))
-    result = encoder.parity(path, tokenizer_path, queries, reference, batch_sizes=(32,))
+    result = candidates.parity(path, tokenizer_path, queries, reference, batch_sizes=(32,))
     assert result.mean > 0.9999
     assert not result.passed
 
@@ -235,9 +235,9 @@ def test_the_committed_choice_is_built_alone_gated_and_untimed(
 def test_the_chosen_model_returns_unit_rows_of_384(prepared: encoder.PrepareReport,
                                                    queries: list[str]) -> None:
     folder = prepared.model_path.parent
-    session = encoder._session(prepared.model_path)
-    tokenizer = encoder.load_tokenizer(folder / "tokenizer.json")
-    vectors = encoder._embed(session, tokenizer, queries[:100], 32)
+    session = candidates.open_session(prepared.model_path)
+    tokenizer = candidates.load_tokenizer(folder / "tokenizer.json")
+    vectors = candidates.embed(session, tokenizer, queries[:100], 32)
     assert vectors.shape == (100, 384) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
 
@@ -254,7 +254,7 @@ def test_the_serving_path_never_imports_torch() -> None:
 def test_a_timed_engine_runs_the_model_as_served(fp32_model: Path, tokenizer_path: Path,
                                                  queries: list[str],
                                                  reference: np.ndarray) -> None:
-    run = encoder.engine(fp32_model, tokenizer_path, threads=1)
+    run = candidates.engine(fp32_model, tokenizer_path, threads=1)
     vectors = np.asarray(run(queries[:5]))[0]  # the session's one output
     assert vectors.shape == (5, 384)
     assert np.all(np.sum(vectors * reference[:5], axis=1) > 0.9999)

@@ -17,6 +17,7 @@ as the graph (`export.wrap`).
 
 `prepare_encoder` is the default model's first-run preparation: the same steps on
 all-MiniLM-L6-v2 with fp32 and int8 candidates, into the default repository's `embed` folder.
+How one candidate is run, checked and timed is `candidates.py`.
 """
 
 from __future__ import annotations
@@ -25,18 +26,27 @@ import logging
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 import onnxruntime as ort
 from rich.progress import Progress
 from tokenizers import Tokenizer
 
-from queryserve.backends.onnxruntime import CPU_DISABLED_OPTIMIZERS
 from queryserve.errors import ExportError
+from queryserve.optimize.candidates import (
+    TIMING_THREADS,
+    Floats,
+    Hard,
+    batch_runner,
+    batches,
+    encode,
+    feeds,
+    load_tokenizer,
+    onnx_speed,
+    open_session,
+    parity_of,
+)
 from queryserve.optimize.gate import (
     FP32_MAX_PROBABILITY_ERROR,
     FP32_MIN_AGREEMENT,
@@ -45,12 +55,7 @@ from queryserve.optimize.gate import (
     REDUCED_MIN_AGREEMENT,
     REDUCED_MIN_MEAN,
     REDUCED_MIN_MIN,
-    Decision,
-    HardItem,
     Parity,
-    bounds_met,
-    compare,
-    hard_items,
 )
 from queryserve.optimize.plan import (
     PARITY_BATCH_SIZES,
@@ -70,7 +75,6 @@ from queryserve.optimize.plan import (
     gate_outcome,
     install,
     progress_display,
-    rate_of,
     time_runners,
     write_report,
 )
@@ -86,165 +90,14 @@ from queryserve.optimize.recipes import (
     with_bases,
 )
 from queryserve.optimize.source import Source, inspect_source, tokenizer_file
-from queryserve.pipelines.base import open_tokenizer
-from queryserve.pipelines.text_embedding import pad_token_ids
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RECIPES", "SMOOTHING_ALPHA", "Precision", "optimize_encoder", "prepare_encoder"]
 
-Floats = npt.NDArray[np.float32]
-Ints = npt.NDArray[np.int64]
-Feeds = dict[str, Ints]
-
 EMBEDDING_OUTPUT = "embedding"
-MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
-
-THREADS = 2
-TIMING_THREADS = {1: 1, 32: THREADS}
-"""Intra-op threads each timed batch size runs on. A lone query runs on one, as each of the
-server's one-thread instances runs it: on two threads spinning, ONNX Runtime swung between two
-speeds from minute to minute on this VM (the int8 MiniLM at about 1,250 or 2,300 queries/s;
-one thread held 1,780-1,850 in the same rounds, BENCHMARKS.md section 1). A batch runs on all
-of THREADS. The PyTorch original is timed on the same threads."""
 CALIBRATION_BATCH = 32
 ORIGINAL = "original"  # the PyTorch original's name among the timed runners
-
-
-# -- tokenization as the server does it ------------------------------------------------------
-
-
-def load_tokenizer(tokenizer_path: Path, max_length: int = MAX_SEQ_LENGTH) -> Tokenizer:
-    """The server's tokenizer, set up as the server sets it up (truncation, no padding)."""
-    return open_tokenizer(tokenizer_path, max_length)
-
-
-def encode(tokenizer: Tokenizer, items: Sequence[Item]) -> list[tuple[list[int], list[int]]]:
-    """(token ids, segment ids) per item, one item at a time on the calling thread.
-
-    Not `encode_batch`: it hands the items to the tokenizers' own thread pool, whose threads
-    then contend with the engine's spinning threads for the cores, and short queries gain
-    nothing from the pool. On 2 cores the int8 MiniLM at batch 32 did 2,354 queries/s with
-    `encode_batch` against 2,454 tokenized here, ahead in each of 5 interleaved rounds."""
-    encodings = [tokenizer.encode(*item) if isinstance(item, tuple) else tokenizer.encode(item)
-                 for item in items]
-    return [(e.ids, e.type_ids) for e in encodings]
-
-
-def feeds(rows: Sequence[tuple[Sequence[int], Sequence[int]]],
-          inputs: Sequence[str] = ("input_ids", "attention_mask")) -> Feeds:
-    """The server's padding (`pad_token_ids`), with segment ids when the graph takes them."""
-    segments = [types for _, types in rows] if "token_type_ids" in inputs else None
-    return pad_token_ids([ids for ids, _ in rows], segments)
-
-
-def batches(tokenizer: Tokenizer, items: Sequence[Item], batch_size: int,
-            inputs: Sequence[str]) -> list[Feeds]:
-    return [feeds(encode(tokenizer, items[i:i + batch_size]), inputs)
-            for i in range(0, len(items), batch_size)]
-
-
-# -- sessions, outputs and the gate ----------------------------------------------------------
-
-
-def _session(model: Path | bytes, threads: int = THREADS,
-             spinning: bool = False) -> ort.InferenceSession:
-    """The server's session settings (backends/onnxruntime.py). Timed engines spin
-    (`spinning`, ONNX Runtime's default): an engine alone in its process is timed with its
-    own defaults, as PyTorch is, whose OpenMP threads spin too. On two threads spinning
-    gave about 1.45x the queries/s at batch 1 (fp32 256 -> 368, int8 459 -> 677) and 1.18x
-    for int8 at batch 32 (822 -> 970), medians of 3 interleaved rounds. The server turns it
-    off, because there the event loop needs the cores between batches (BENCHMARKS.md
-    section 3)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning",
-                                     "1" if spinning else "0")
-    options.log_severity_level = 3  # the quantized graphs draw harmless shape-merge warnings
-    source = str(model) if isinstance(model, Path) else model
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
-
-
-def _input_names(session: ort.InferenceSession) -> tuple[str, ...]:
-    return tuple(i.name for i in session.get_inputs())
-
-
-def _check_contract(session: ort.InferenceSession, output: str, width: int) -> None:
-    """The server feeds int64 token tensors and reads exactly one float [batch, width]."""
-    inputs = {i.name: i.type for i in session.get_inputs()}
-    outputs = {o.name: (o.type, o.shape) for o in session.get_outputs()}
-    allowed = {"input_ids", "attention_mask", "token_type_ids"}
-    if (set(inputs) - allowed or not {"input_ids", "attention_mask"} <= set(inputs)
-            or set(inputs.values()) != {"tensor(int64)"} or list(outputs) != [output]):
-        raise ExportError(f"the encoder's signature is {inputs} -> {outputs}; the server needs "
-                          f"int64 input_ids, attention_mask[, token_type_ids] -> "
-                          f"{{'{output}': float [batch, {width}]}}")
-    kind, shape = outputs[output]
-    if kind != "tensor(float)" or len(shape) != 2 or shape[1] != width:
-        raise ExportError(f"the encoder's output is {kind} {shape}; the server needs float "
-                          f"[batch, {width}]")
-
-
-def _outputs(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
-             batch_size: int) -> Floats:
-    names = _input_names(session)
-    output = session.get_outputs()[0].name
-    parts = [np.asarray(session.run([output], feed)[0], dtype=np.float32)
-             for feed in batches(tokenizer, items, batch_size, names)]
-    return np.concatenate(parts)
-
-
-def _embed(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[str],
-           batch_size: int) -> Floats:
-    return _outputs(session, tokenizer, queries, batch_size)
-
-
-class Hard(NamedTuple):
-    """The plan's hard inputs and what the original returns for them."""
-
-    items: Mapping[str, Item]
-    reference: Floats
-
-
-def _parity(session: ort.InferenceSession, tokenizer: Tokenizer, items: Sequence[Item],
-            reference: Floats, precision: Precision, batch_sizes: Sequence[int], *,
-            metric: str = "cosine", normalized: bool = True,
-            decision: Decision | None = None, hard: Hard | None = None) -> Parity:
-    output = session.get_outputs()[0].name
-    _check_contract(session, output, reference.shape[1])
-    results = [compare(metric, _outputs(session, tokenizer, items, b), reference, normalized,
-                       decision) for b in batch_sizes]
-    mean = min(r[0] for r in results)
-    minimum = min(r[1] for r in results)
-    error = max(r[2] for r in results)
-    threshold = None if decision is None else decision.threshold
-    draft = Parity(precision, metric, mean, minimum, error, tuple(batch_sizes), True, threshold,
-                   _hard_items(session, tokenizer, hard, batch_sizes, decision))
-    return replace(draft, passed=bounds_met(draft))
-
-
-def _hard_items(session: ort.InferenceSession, tokenizer: Tokenizer, hard: Hard | None,
-                batch_sizes: Sequence[int], decision: Decision | None) -> tuple[HardItem, ...]:
-    """The hard inputs as the variant decides them at each batch size: alone at batch 1, all
-    together at a larger size, as one request of them all is batched (int8's dynamic scales
-    depend on the batch and its padding, so each is checked as it may be served)."""
-    if hard is None:
-        return ()
-    items = list(hard.items.values())
-    outputs = [_outputs(session, tokenizer, items, b) for b in batch_sizes]
-    return hard_items(list(hard.items), outputs, hard.reference, decision)
-
-
-def parity(onnx_path: Path, tokenizer_path: Path, queries: Sequence[str], reference: Floats, *,
-           precision: Precision = "fp32",
-           batch_sizes: Sequence[int] = PARITY_BATCH_SIZES) -> Parity:
-    """Cosine agreement of an embedding model with `reference`, worst case over batch sizes."""
-    return _parity(_session(onnx_path), load_tokenizer(tokenizer_path), queries, reference,
-                   precision, batch_sizes)
 
 
 def reference_embeddings(hf_dir: Path, queries: Sequence[str]) -> Floats:
@@ -264,38 +117,6 @@ def export_onnx(hf_dir: Path, out_path: Path) -> None:
     from queryserve.optimize.export import export_encoder
 
     export_encoder(inspect_source(hf_dir, "embed"), out_path)
-
-
-# -- timing ----------------------------------------------------------------------------------
-
-
-def engine(onnx_path: Path, tokenizer_path: Path, *, threads: int = THREADS) -> Runner:
-    """A model file as a timed engine: each call tokenizes, pads and runs one batch."""
-    return _runner(_session(onnx_path, threads=threads, spinning=True),
-                   load_tokenizer(tokenizer_path))
-
-
-def _runner(session: ort.InferenceSession, tokenizer: Tokenizer) -> Runner:
-    """One batch through the session as the server runs it: encode, pad, run."""
-    names = _input_names(session)
-    output = [session.get_outputs()[0].name]
-
-    def run(group: Sequence[Item]) -> object:
-        return session.run(output, feeds(encode(tokenizer, group), names))
-
-    return run
-
-
-def _measure(session: ort.InferenceSession, tokenizer: Tokenizer, queries: Sequence[Item],
-             batch_size: int, seconds: float) -> float:
-    return rate_of(_runner(session, tokenizer), queries, batch_size, seconds)
-
-
-def _onnx_speed(path: Path, speeds: Mapping[int, float]) -> Speed:
-    started = time.perf_counter()
-    _session(path)
-    load_s = time.perf_counter() - started
-    return Speed.timed(path.stat().st_size / 1e6, load_s, speeds)
 
 
 def _torch_runner(source: Source, tokenizer: Tokenizer) -> tuple[dict[int, Runner], float]:
@@ -362,9 +183,9 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
                      original_outputs(source, tokenizer, list(plan.hard_items.values())))
                 if plan.hard_items else None)
         steps.next("parity of fp32")
-        results = {"fp32": _parity(_session(fp32_path), tokenizer, plan.parity_items, reference,
-                                   "fp32", plan.parity_batch_sizes, metric=metric,
-                                   normalized=normalized, decision=plan.decision, hard=hard)}
+        results = {"fp32": parity_of(open_session(fp32_path), tokenizer, plan.parity_items,
+                                     reference, "fp32", plan.parity_batch_sizes, metric=metric,
+                                     normalized=normalized, decision=plan.decision, hard=hard)}
         if not results["fp32"].passed:
             raise ExportError(f"the fp32 ONNX export fails its accuracy gate: "
                               f"{results['fp32'].shortfall()} ({results['fp32'].describe()})")
@@ -377,8 +198,8 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
             steps.next(f"parity of {recipe.name}")
             if recipe.name in built:
                 try:
-                    results[recipe.name] = _parity(
-                        _session(built[recipe.name]), tokenizer, plan.parity_items, reference,
+                    results[recipe.name] = parity_of(
+                        open_session(built[recipe.name]), tokenizer, plan.parity_items, reference,
                         recipe.precision, plan.parity_batch_sizes, metric=metric,
                         normalized=normalized, decision=plan.decision, hard=hard)
                 except Exception as error:  # a graph the runtime cannot load or run
@@ -393,7 +214,7 @@ def optimize_encoder(plan: Plan, model_dir: Path, *, progress: Progress | bool =
             speeds, before = _time(plan, outcome.passed, paths, tokenizer, steps)
             chosen, reason = choose_fastest(speeds, results)
             reason = outcome.reason(plan, chosen, reason, results)
-            after = _onnx_speed(paths[chosen], speeds[chosen])
+            after = onnx_speed(paths[chosen], speeds[chosen])
         steps.next("writing the model folder")
         files = install(work, model_dir, paths, outcome.kept, chosen, tokenizer_src,
                         plan.model_config, served="model.onnx", suffix=".onnx")
@@ -410,8 +231,8 @@ def _time(plan: Plan, names: Sequence[str], paths: Mapping[str, Path], tokenizer
           steps: Steps) -> tuple[dict[str, dict[int, float]], Speed | None]:
     """The sweep's timing: each variant of `names` at the timed batch sizes, in rounds; and the
     PyTorch original in the same rounds when the plan measures it (like for like)."""
-    runners = {name: {batch_size: _runner(_session(paths[name], threads, spinning=True),
-                                          tokenizer)
+    runners = {name: {batch_size: batch_runner(open_session(paths[name], threads, spinning=True),
+                                               tokenizer)
                       for batch_size, threads in TIMING_THREADS.items()}
                for name in names}
     if plan.measure_original:
