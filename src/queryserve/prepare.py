@@ -358,7 +358,7 @@ def _say_flips(name: str, variants: Sequence[VariantReport]) -> None:
 
 
 def prepare_spell(repository: Path, force: bool = False, data: Path = DATA) -> None:
-    from queryserve.backends.noisy_channel.channel import FILE
+    from queryserve.backends.noisy_channel.tables import FILE
     from queryserve.spell.channel_model import build_channel_model
 
     target = repository / "spell"
@@ -375,8 +375,8 @@ def prepare_spell_hybrid(repository: Path, force: bool = False, data: Path = DAT
                          reranker: Path = RERANKER) -> None:
     """`spell-hybrid`: the noisy channel learned here (seconds), re-ranked by the committed
     `reranker` with the prepared `spell-seq2seq`, which must come first."""
-    from queryserve.backends.noisy_channel.channel import FILE
     from queryserve.backends.noisy_channel.rerank import RERANKER_FILE, SEQ2SEQ_FOLDER
+    from queryserve.backends.noisy_channel.tables import FILE
     from queryserve.spell.hybrid import assemble_hybrid
 
     target, seq2seq = repository / "spell-hybrid", repository / "spell-seq2seq"
@@ -399,7 +399,7 @@ def _channel_current(path: Path) -> bool:
     changes them relearns the channel (seconds) instead of serving the old one."""
     from dataclasses import asdict
 
-    from queryserve.backends.noisy_channel.channel import ChannelParameters
+    from queryserve.backends.noisy_channel.tables import ChannelParameters
 
     try:
         stored = json.loads(path.read_text())["parameters"]

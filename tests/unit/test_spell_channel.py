@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from queryserve.backends.noisy_channel.channel import ChannelTables, NoisyChannel
+from queryserve.backends.noisy_channel.channel import NoisyChannel
 from queryserve.backends.noisy_channel.noise import NoiseModel
+from queryserve.backends.noisy_channel.tables import ChannelTables
 
 CATALOG = ["taylor swift", "shake it off taylor swift", "play some jazz", "play some coffee",
            "blank space taylor swift", "passion pit", "sleepyhead passion pit",
@@ -150,7 +151,7 @@ def test_tables_saved_before_the_space_parameter_load_with_its_default(
         channel: NoisyChannel, tmp_path: Path) -> None:
     import json
 
-    from queryserve.backends.noisy_channel.channel import FILE, ChannelParameters
+    from queryserve.backends.noisy_channel.tables import FILE, ChannelParameters
 
     path = channel.tables.save(tmp_path)
     raw = json.loads(path.read_text())

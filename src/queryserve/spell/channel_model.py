@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from queryserve.backends.noisy_channel.channel import ChannelParameters, ChannelTables
 from queryserve.backends.noisy_channel.noise import NoiseModel
+from queryserve.backends.noisy_channel.tables import ChannelParameters, ChannelTables
 from queryserve.spell.data import Catalog, Misspellings
 
 CHANNEL_HEADER = """\

@@ -25,8 +25,9 @@ class NoisyChannelBackend:
     input_names: tuple[str, ...] = (WORDS,)
 
     def __init__(self, config: ModelConfig, threads: int = 1) -> None:
-        from queryserve.backends.noisy_channel.channel import FILE, NoisyChannel
+        from queryserve.backends.noisy_channel.channel import NoisyChannel
         from queryserve.backends.noisy_channel.rerank import RERANKER_FILE, HybridCorrector
+        from queryserve.backends.noisy_channel.tables import FILE
 
         path = config.path / FILE
         if not path.is_file():
