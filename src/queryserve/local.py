@@ -41,10 +41,6 @@ class LocalModel(Generic[Res]):
         self.model = model
         self._loop = asyncio.new_event_loop()
 
-    @property
-    def name(self) -> str:
-        return self.model.name
-
     def infer(self, inputs: Inputs) -> Res:
         """One request's answer. Call it from code that is not itself running an event loop."""
         return self._loop.run_until_complete(self.model.infer(inputs))
