@@ -12,6 +12,7 @@ import pytest
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput
 from queryserve.server.classification import top_classes
+from queryserve.server.kserve import InferAnswer
 from queryserve.server.kserve_json import decode_infer_request, encode_infer_response
 
 INTENT = ModelConfig(
@@ -40,8 +41,8 @@ def test_a_classification_output_is_bytes_json_or_binary(binary: bool) -> None:
     request = decode_infer_request(body([{"name": "probabilities", "parameters": {
         "classification": 1, "binary_data": binary}}]), {}, INTENT)
     assert request.classifications == {"probabilities": 1}
-    payload, header_length = encode_infer_response(INTENT, "1", request,
-                                                   {"probabilities": SCORES})
+    payload, header_length = encode_infer_response(InferAnswer.of(INTENT, request,
+                                                                  {"probabilities": SCORES}))
     head = orjson.loads(payload[:header_length] if header_length else payload)
     output = head["outputs"][0]
     assert (output["datatype"], output["shape"]) == ("BYTES", [2, 1])

@@ -13,10 +13,12 @@ import pytest
 from queryserve.config import DynamicBatching, ModelConfig, SearchSteps, TensorSpec
 from queryserve.errors import InvalidInput, Unavailable
 from queryserve.repository import ModelRepository
+from queryserve.server import kserve
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.grpc.proto import model_config_pb2
 from queryserve.server.grpc.service import InferenceService
+from queryserve.server.kserve import InferAnswer
 from queryserve.server.security import AccessControl
 from queryserve.server.state import ServerState
 
@@ -80,7 +82,7 @@ def test_outputs_come_raw_for_a_raw_request_and_typed_for_a_typed_one() -> None:
         if not raw:
             tensor.contents.bytes_contents.append(b"a")
         parsed = codec.decode_infer_request(asked, EMBED)
-        answer = codec.encode_infer_response(EMBED, "1", parsed, {"embedding": vectors})
+        answer = codec.encode_infer_response(InferAnswer.of(EMBED, parsed, {"embedding": vectors}))
         assert (answer.model_name, answer.model_version) == ("embed", "1")
         assert list(answer.outputs[0].shape) == [2, 4]
         if raw:
@@ -94,7 +96,7 @@ def test_an_output_with_no_typed_field_makes_the_answer_raw() -> None:
     asked.inputs.add(name="ids", datatype="INT8", shape=[1, 1]).contents.int_contents.append(7)
     parsed = codec.decode_infer_request(asked, NUMBERS)
     half = np.ones((1, 2), dtype=np.float16)
-    answer = codec.encode_infer_response(NUMBERS, "1", parsed, {"half": half})
+    answer = codec.encode_infer_response(InferAnswer.of(NUMBERS, parsed, {"half": half}))
     assert answer.raw_output_contents == [half.tobytes()]
 
 
@@ -104,15 +106,15 @@ def test_classification_answers_typed_strings() -> None:
         b"wake me up")
     asked.outputs.add(name="probabilities").parameters["classification"].int64_param = 2
     parsed = codec.decode_infer_request(asked, INTENT)
-    answer = codec.encode_infer_response(
-        INTENT, "1", parsed, {"probabilities": np.array([[0.7, 0.1, 0.2]], np.float32)})
+    scores = np.array([[0.7, 0.1, 0.2]], np.float32)
+    answer = codec.encode_infer_response(InferAnswer.of(INTENT, parsed, {"probabilities": scores}))
     assert answer.outputs[0].datatype == "BYTES" and list(answer.outputs[0].shape) == [1, 2]
     assert list(answer.outputs[0].contents.bytes_contents) == [b"0.700000:0:alarm",
                                                                b"0.200000:2:weather"]
 
 
 def test_config_of_a_model_and_of_an_ensemble_fit_tritons_message() -> None:
-    config = codec.model_config(EMBED, threads=2).config
+    config = codec.model_config(kserve.triton_config(EMBED, threads=2)).config
     assert (config.name, config.backend, config.max_batch_size) == ("embed", "fake", 8)
     assert config.input[0].data_type == model_config_pb2.TYPE_STRING
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 1024
@@ -121,7 +123,8 @@ def test_config_of_a_model_and_of_an_ensemble_fit_tritons_message() -> None:
     ensemble = ModelConfig(name="search", path=Path("."), backend="ensemble", pipeline="search",
                            max_batch_size=1, inputs=EMBED.inputs, outputs=EMBED.outputs,
                            ensemble=SearchSteps(embed="embed"))
-    steps = codec.model_config(ensemble, threads=0).config.ensemble_scheduling.step
+    document = kserve.triton_config(ensemble, threads=0)
+    steps = codec.model_config(document).config.ensemble_scheduling.step
     assert [(s.model_name, s.model_version) for s in steps] == [("embed", -1)]
 
 
@@ -164,7 +167,7 @@ async def test_an_error_is_its_own_status_with_its_headers(tmp_path: Path,
     def busy() -> None:
         raise Unavailable("model 'x' is busy", retry_after_s=2)
 
-    monkeypatch.setattr(served.repository, "index", busy)
+    monkeypatch.setattr(served.state.repository, "index", busy)
     context = FakeContext()
     with pytest.raises(Aborted):
         await served.RepositoryIndex(pb.RepositoryIndexRequest(), context)
@@ -180,7 +183,7 @@ async def test_a_bug_is_internal_and_leaks_nothing(tmp_path: Path,
     def broken() -> None:
         raise RuntimeError("secret detail")
 
-    monkeypatch.setattr(served.repository, "index", broken)
+    monkeypatch.setattr(served.state.repository, "index", broken)
     context = FakeContext()
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted):
         await served.RepositoryIndex(pb.RepositoryIndexRequest(), context)

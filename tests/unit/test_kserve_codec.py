@@ -11,6 +11,7 @@ import pytest
 
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput, UnsupportedMediaType
+from queryserve.server.kserve import InferAnswer
 from queryserve.server.kserve_json import decode_infer_request, encode_infer_response
 
 CONFIG = ModelConfig(
@@ -48,8 +49,8 @@ def test_binary_output_follows_the_json_header() -> None:
     request = decode_infer_request(body(["a"], [1, 1], parameters={"binary_data_output": True}),
                                    {}, CONFIG)
     vectors = np.arange(4, dtype=np.float32).reshape(1, 4)
-    payload, header_length = encode_infer_response(CONFIG, "1", request,
-                                                   {"embedding": vectors})
+    payload, header_length = encode_infer_response(InferAnswer.of(CONFIG, request,
+                                                                  {"embedding": vectors}))
     assert header_length is not None
     head = orjson.loads(payload[:header_length])
     assert head["outputs"][0]["parameters"] == {"binary_data_size": 16}
@@ -59,8 +60,9 @@ def test_binary_output_follows_the_json_header() -> None:
 
 def test_json_output_by_default() -> None:
     request = decode_infer_request(body(["a"], [1, 1]), {}, CONFIG)
-    payload, header_length = encode_infer_response(CONFIG, "1", request,
-                                                   {"embedding": np.ones((1, 4), np.float32)})
+    ones = np.ones((1, 4), np.float32)
+    payload, header_length = encode_infer_response(InferAnswer.of(CONFIG, request,
+                                                                  {"embedding": ones}))
     assert header_length is None
     assert orjson.loads(payload)["outputs"][0] == {
         "name": "embedding", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
@@ -78,8 +80,8 @@ def test_text_outputs_as_json_strings_or_length_prefixed_bytes(binary: bool) -> 
                                         parameters={"binary_data_output": binary}), {},
                                    GENERATOR)
     texts = np.array([["café"], [""]], dtype=object)
-    payload, header_length = encode_infer_response(GENERATOR, "1", request,
-                                                   {"generated_text": texts})
+    payload, header_length = encode_infer_response(InferAnswer.of(GENERATOR, request,
+                                                                  {"generated_text": texts}))
     if not binary:
         assert header_length is None
         assert orjson.loads(payload)["outputs"][0] == {

@@ -5,6 +5,7 @@ circle. Every import counts, those inside functions too (a lazy import is still 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +111,18 @@ def test_the_tools_run_models_only_through_local() -> None:
                if _top(target) in ENGINE
                and not target.startswith("queryserve.server.grpc.proto")]  # bench's messages
     assert reached == []
+
+
+def test_the_front_ends_infer_only_through_the_servers_one_door() -> None:
+    """Every route infers through `ServerState.infer` (directly, or through the KServe
+    operations that call it), where the item limit is checked: a route that called
+    `model.infer` itself would skip the limit."""
+    server = PACKAGE / "server"
+    callers = []
+    for path in sorted(server.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            for call in re.finditer(r"([\w.]+)\.infer\(", code):
+                if call.group(1) not in ("self.state", "state", "self.service"):
+                    callers.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert [c for c in callers if not c.startswith("server/state.py")] == []

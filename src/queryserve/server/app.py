@@ -4,8 +4,9 @@ error becomes a response.
 
 Front ends are adapters, one module per protocol: KServe v2 HTTP (`kserve_http`), OpenAI's
 embeddings and models (`openai`), Cohere-style rerank (`rerank`), the task routes (`tasks`),
-Prometheus (`metrics`) and the web pages (`pages`). Each is decode -> `model.infer` -> encode
-over the model API; none knows another, and the transport (`http.py`) knows none of them.
+Prometheus (`metrics`) and the web pages (`pages`). Each is decode -> `state.infer(model, ...)`
+-> encode over the model API, the model found by `state.model` (aliases included); none knows
+another, and the transport (`http.py`) knows none of them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from queryserve.server import kserve_http, metrics, openai, openai_protocol, pag
 from queryserve.server.access_log import AccessLog
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.routing import Router
-from queryserve.server.security import AccessControl, valid_id
+from queryserve.server.security import PUBLIC_PREFIX, AccessControl, valid_id
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
 
@@ -87,7 +88,8 @@ class ServerApp:
             if request.method == "OPTIONS" and \
                     "access-control-request-method" in request.headers:
                 return Response(204, headers=auth.preflight_headers())
-        auth.check_key(request.path, request.headers.get("authorization"))
+        if not request.path.startswith(PUBLIC_PREFIX):
+            auth.check_key(request.headers.get("authorization"))
         return await self.router(request)
 
 

@@ -86,7 +86,7 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     _add_access_flags(serve)
     serve.add_argument("--served-model-name", type=_alias, action="append", default=[],
                        metavar="ALIAS=MODEL",
-                       help="another name for a model on the OpenAI routes, e.g. "
+                       help="another name for a model, on every route and over gRPC, e.g. "
                             "text-embedding-3-small=embed (repeatable)")
     serve.add_argument("--access-log", nargs="?", const="-", default=None, metavar="FILE",
                        help="write one JSON line per request (id, route, model, status, bytes, "

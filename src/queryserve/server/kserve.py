@@ -1,12 +1,14 @@
 """The KServe v2 / Triton inference protocol, shared by its HTTP and gRPC front ends.
 
-What both protocols share lives here: checking each input tensor against the model's config
-(name, datatype, shape) with errors that name what is wrong, raw BYTES elements (a 4-byte
-little-endian length, then the bytes), the request's parameters (`timeout`, the model's
-options), the requested outputs and Triton's classification extension, turning a request into
-the model's `Inputs` and the model's tensors into the outputs asked for, and the metadata and
+What both protocols share lives here: building the request from the parts a codec read off
+the wire (`infer_request`: each input tensor checked against the model's config, name,
+datatype and shape, with errors that name what is wrong; raw BYTES elements, a 4-byte
+little-endian length, then the bytes; the request's parameters, `timeout` and the model's
+options; the requested outputs and Triton's classification extension), turning it into the
+model's `Inputs` and the model's tensors into the outputs asked for, and the metadata and
 configuration documents. Each protocol adds only its wire format: `kserve_json` (HTTP's JSON
-body and binary tensor extension) and `grpc/codec.py` (the protobuf messages).
+body and binary tensor extension) and `grpc/codec.py` (the protobuf messages); what an
+operation does with the server (`kserve_service`) is shared too.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from queryserve.api import Inputs, decode_texts
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput
 from queryserve.repository import VERSION
-from queryserve.scheduling.stats import ModelStats
 from queryserve.server.classification import PARAMETER as CLASSIFICATION
 from queryserve.server.classification import classification_count, top_classes
-from queryserve.server.snapshot import Snapshot
 from queryserve.types import NUMPY_DTYPES, TRITON_DATA_TYPES, Array
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration",
@@ -63,6 +63,84 @@ class OutputTensor:
     datatype: str
     array: Array
     binary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InferAnswer:
+    """An infer request's answer, for its codec to encode."""
+
+    config: ModelConfig
+    request: InferRequest
+    outputs: list[OutputTensor]
+    """The outputs the request asked for (all, when it named none), in its order."""
+    version: str = VERSION
+
+    @classmethod
+    def of(cls, config: ModelConfig, request: InferRequest,
+           outputs: dict[str, Array]) -> InferAnswer:
+        """The answer from the model's output tensors, by name."""
+        return cls(config, request, output_tensors(config, request, outputs))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPart:
+    """One input tensor as a codec read it off the wire, not yet checked against the model."""
+
+    name: object
+    datatype: object
+    shape: object
+    raw: memoryview | None
+    """Its raw bytes (HTTP's binary extension, gRPC's `raw_input_contents`); None: `data`."""
+    data: object = None
+    """Its elements in the codec's own form (JSON's nested lists, gRPC's typed contents), read
+    by the codec's `DataReader` once the tensor is checked."""
+
+
+DataReader = Callable[[object, str, list[int], str], InputValues]
+"""A codec's reading of `TensorPart.data`: (data, datatype, shape, where) -> the values; the
+datatype and shape are the checked ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPart:
+    """One requested output as a codec read it: its name and its parameters
+    (`binary_data`, `classification`), not yet checked."""
+
+    name: object
+    parameters: Mapping[str, Any]
+
+
+def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
+                  outputs: Sequence[OutputPart], parameters: dict[str, Any], *,
+                  id: str | None, binary_default: bool, read_data: DataReader) -> InferRequest:
+    """The request, checked against the model's config: the one place where an infer request
+    is built, whichever protocol carried it."""
+    if not parts:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    inputs: dict[str, InputValues] = {}
+    for i, part in enumerate(parts):
+        spec = input_spec(part.name, i, config)
+        where = f"input '{spec.name}'"
+        count = check_tensor(spec, part.datatype, part.shape, config, where)
+        assert isinstance(part.shape, list)  # check_tensor said so
+        values = (values_from_raw(part.raw, spec.datatype, count, where) if part.raw is not None
+                  else read_data(part.data, spec.datatype, part.shape, where))
+        if spec.name in inputs:
+            raise InvalidInput(f"inputs[{i}]: input '{spec.name}' is given twice")
+        inputs[spec.name] = values
+    missing = sorted({spec.name for spec in config.inputs} - set(inputs))
+    if missing:
+        raise InvalidInput(f"model '{config.name}' needs input(s) {', '.join(missing)}")
+    wanted: dict[str, bool] = {}
+    classifications: dict[str, int] = {}
+    for i, output in enumerate(outputs):
+        name, classes = requested_output(output.name, output.parameters, i, config)
+        wanted[name] = bool(output.parameters.get("binary_data", binary_default))
+        if classes is not None:
+            classifications[name] = classes
+    return InferRequest(id=id, inputs=inputs, binary_outputs=wanted,
+                        binary_default=binary_default, timeout_s=request_timeout(parameters),
+                        parameters=parameters, classifications=classifications)
 
 
 def server_metadata() -> dict[str, object]:
@@ -108,18 +186,6 @@ def _check_shape(shape: list[int], spec: TensorSpec, config: ModelConfig, where:
         raise InvalidInput(f"{where} has shape {str(shape)[:80]}; expected [{expected}]")
     if shape[0] == 0:
         raise InvalidInput(f"{where} is empty; send at least one item")
-
-
-def add_input(inputs: dict[str, InputValues], name: str, values: InputValues, i: int) -> None:
-    if name in inputs:
-        raise InvalidInput(f"inputs[{i}]: input '{name}' is given twice")
-    inputs[name] = values
-
-
-def check_inputs_complete(inputs: dict[str, InputValues], config: ModelConfig) -> None:
-    missing = sorted({spec.name for spec in config.inputs} - set(inputs))
-    if missing:
-        raise InvalidInput(f"model '{config.name}' needs input(s) {', '.join(missing)}")
 
 
 def numbers(values: Any, datatype: str, where: str) -> Array:
@@ -186,13 +252,11 @@ def requested_output(name: object, parameters: Mapping[str, Any], i: int,
     return name, None if count is None else classification_count(count, name, config)
 
 
-def model_inputs(request: InferRequest, config: ModelConfig,
-                 check_items: Callable[[int], None]) -> Inputs:
+def model_inputs(request: InferRequest, config: ModelConfig) -> Inputs:
     """The model's `Inputs`: the first input's texts, and the second's for a model that takes
-    pairs (same count); `check_items` enforces the server's item limit."""
+    pairs (same count)."""
     specs = config.inputs
     raw = request.inputs[specs[0].name]
-    check_items(len(raw))
     texts = decode_texts(list(raw), f"input '{specs[0].name}'")
     pairs = None
     if len(specs) > 1:
@@ -236,15 +300,6 @@ def raw_bytes(tensor: OutputTensor) -> bytes:
 
 
 # -- model metadata and configuration -----------------------------------------------------------
-
-
-def statistics(snapshot: Snapshot, names: Sequence[str] | None = None) -> list[dict[str, object]]:
-    """Triton's statistics extension (`model_stats`) for the models `names` (None: every
-    model), from the whole server's snapshot; a model loaded a moment ago may have no figures
-    yet: its counts are zero."""
-    chosen = list(snapshot.models) if names is None else names
-    return [(snapshot.models[name].stats if name in snapshot.models else ModelStats())
-            .as_triton_json(name, VERSION) for name in chosen]
 
 
 def model_metadata(config: ModelConfig, version: str) -> dict[str, object]:

@@ -1,18 +1,19 @@
 """The KServe v2 / Triton HTTP front end: health, server and model metadata, model config,
 `infer` (JSON and the binary tensor extension), statistics, the repository extension.
 
-Every model, the search ensemble included, is served the same way: decode the tensors against
-the model's config (`kserve_json.py` over `kserve.py`, the core the gRPC front end shares) ->
-`model.infer` -> the result as the model's declared outputs (or, asked for, their top
-classes) -> encode. The request's `parameters` reach the model as its options (`top_k`,
-`threshold`, `k`...).
+Every model, the search ensemble included, is served the same way: decode the body into the
+protocol's parts (`kserve_json.py`) -> the operation, which the gRPC front end shares
+(`kserve_service.py`: the model by name or alias, the request built and checked by
+`kserve.py`, the item limit, `model.infer`, the outputs asked for) -> encode. The request's
+`parameters` reach the model as its options (`top_k`, `threshold`, `k`...).
 """
 
 from __future__ import annotations
 
-from queryserve.repository import VERSION
+from queryserve.errors import NotFound
 from queryserve.server import kserve, kserve_json
 from queryserve.server.http import Request, Response
+from queryserve.server.kserve_service import KServeService
 from queryserve.server.routing import Router, json_response
 from queryserve.server.state import ServerState
 
@@ -40,7 +41,7 @@ class KServeRoutes:
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self.repository = state.repository
+        self.service = KServeService(state)
 
     async def server_metadata(self, request: Request) -> Response:
         return json_response(kserve.server_metadata())
@@ -49,44 +50,37 @@ class KServeRoutes:
         return Response(200)
 
     async def ready(self, request: Request) -> Response:
-        return Response(200 if self.state.ready() else 503)
+        return Response(200 if self.service.ready() else 503)
 
     async def model_ready(self, request: Request, name: str, version: str | None) -> Response:
-        model = self.repository.models.get(name)
-        if model is not None and version in (None, VERSION) and model.ready():
-            return Response(200)
-        return Response(400 if self.repository.exists(name) else 404)
+        try:
+            return Response(200 if self.service.model_ready(name, version) else 400)
+        except NotFound:  # KServe's answer is the status alone
+            return Response(404)
 
     async def metadata(self, request: Request, name: str, version: str | None) -> Response:
-        return json_response(kserve.model_metadata(self.repository.get(name, version).config,
-                                                   VERSION))
+        return json_response(self.service.metadata(name, version))
 
     async def config(self, request: Request, name: str, version: str | None) -> Response:
-        model = self.repository.get(name, version)
-        return json_response(kserve.triton_config(model.config, model.threads))
+        return json_response(self.service.config(name, version))
 
     async def stats(self, request: Request, name: str, version: str | None) -> Response:
-        model = self.repository.get(name, version)
-        return json_response({"model_stats": kserve.statistics(await self.state.snapshot(),
-                                                               [model.name])})
+        return json_response({"model_stats": await self.service.statistics(name, version)})
 
     async def all_stats(self, request: Request) -> Response:
-        return json_response({"model_stats": kserve.statistics(await self.state.snapshot())})
+        return json_response({"model_stats": await self.service.statistics()})
 
     async def infer(self, request: Request, name: str, version: str | None) -> Response:
-        model = self.repository.get(name, version)
-        parsed = kserve_json.decode_infer_request(request.body, request.headers, model.config)
-        result = await model.infer(kserve.model_inputs(parsed, model.config,
-                                                       self.state.check_items))
-        body, header_length = kserve_json.encode_infer_response(
-            model.config, VERSION, parsed, model.tensors(result))
+        answer = await self.service.infer(name, version, lambda config: (
+            kserve_json.decode_infer_request(request.body, request.headers, config)))
+        body, header_length = kserve_json.encode_infer_response(answer)
         if header_length is None:
             return Response(200, body)
         return Response(200, body, "application/octet-stream",
                         [(kserve_json.HEADER_LENGTH, str(header_length))])
 
     async def repository_index(self, request: Request) -> Response:
-        return json_response(self.repository.index())
+        return json_response(self.state.repository.index())
 
     async def load(self, request: Request, name: str) -> Response:
         await self.state.load(name)

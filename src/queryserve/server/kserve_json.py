@@ -1,8 +1,10 @@
 """KServe v2 over HTTP: the JSON body, and the binary tensor extension, whose body is a JSON
 header of `Inference-Header-Content-Length` bytes followed by the raw tensors in input order.
 
-Only the wire format is here; what a tensor must be, the outputs asked for and the
-classification extension are the protocol's shared core (`kserve.py`), which gRPC uses too.
+Only the wire format is here: the body is read into the protocol's parts (`kserve.TensorPart`,
+`kserve.OutputPart`), from which `kserve.infer_request` builds the request, as it does for
+gRPC; what a tensor must be, the outputs asked for and the classification extension are that
+shared core's.
 """
 
 from __future__ import annotations
@@ -15,20 +17,15 @@ import orjson
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput, UnsupportedMediaType
 from queryserve.server.kserve import (
+    InferAnswer,
     InferRequest,
     InputValues,
-    add_input,
-    check_inputs_complete,
-    check_tensor,
-    input_spec,
+    OutputPart,
+    TensorPart,
+    infer_request,
     numbers,
-    output_tensors,
     raw_bytes,
-    request_timeout,
-    requested_output,
-    values_from_raw,
 )
-from queryserve.types import Array
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -52,30 +49,14 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
     if not isinstance(header, dict):
         raise InvalidInput("the request body must be a JSON object with 'inputs'")
     raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
+    if not isinstance(raw_inputs, list):
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
-    inputs: dict[str, InputValues] = {}
-    offset = 0
-    for i, raw in enumerate(raw_inputs):
-        name, values, offset = _decode_input(raw, i, config, binary, offset)
-        add_input(inputs, name, values, i)
-    check_inputs_complete(inputs, config)
-    if offset != len(binary):
-        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
-                           "input claims in 'binary_data_size'")
+    parts = _tensor_parts(raw_inputs, binary)
     parameters = _parameters(header.get("parameters"), "parameters")
-    binary_default = bool(parameters.get("binary_data_output", False))
-    binary_outputs, classifications = _requested_outputs(header.get("outputs"), config,
-                                                         binary_default)
-    return InferRequest(
-        id=str(header["id"]) if header.get("id") is not None else None,
-        inputs=inputs,
-        binary_outputs=binary_outputs,
-        binary_default=binary_default,
-        timeout_s=request_timeout(parameters),
-        parameters=parameters,
-        classifications=classifications,
-    )
+    return infer_request(config, parts, _output_parts(header.get("outputs")), parameters,
+                         id=str(header["id"]) if header.get("id") is not None else None,
+                         binary_default=bool(parameters.get("binary_data_output", False)),
+                         read_data=_from_json)
 
 
 def parse_json(data: bytes | memoryview) -> Any:
@@ -93,25 +74,30 @@ def _parameters(raw: object, where: str) -> dict[str, Any]:
     return raw
 
 
-def _decode_input(raw: object, i: int, config: ModelConfig, binary: memoryview,
-                  offset: int) -> tuple[str, InputValues, int]:
-    """One JSON input: (its name, its values, the binary data's next offset)."""
-    if not isinstance(raw, dict):
-        raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype and data")
-    spec = input_spec(raw.get("name"), i, config)
-    where = f"input '{spec.name}'"
-    shape = raw.get("shape")
-    count = check_tensor(spec, raw.get("datatype"), shape, config, where)
-    size = _parameters(raw.get("parameters"), f"{where}.parameters").get("binary_data_size")
-    if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-            raise InvalidInput(f"{where}: binary_data_size {size!r} does not fit the body")
-        chunk = binary[offset: offset + size]
-        return spec.name, values_from_raw(chunk, spec.datatype, count, where), offset + size
-    if "data" not in raw:
-        raise InvalidInput(f"{where} has no 'data' and no binary_data_size")
-    assert isinstance(shape, list)  # check_tensor said so
-    return spec.name, _from_json(raw["data"], spec.datatype, shape, where), offset
+def _tensor_parts(raw_inputs: list[Any], binary: memoryview) -> list[TensorPart]:
+    """Each JSON input as a part, its raw bytes cut from the binary data (`binary_data_size`,
+    in input order), every byte of which some input must claim."""
+    parts = []
+    offset = 0
+    for i, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype and "
+                               "data")
+        size = _parameters(raw.get("parameters"), f"inputs[{i}].parameters") \
+            .get("binary_data_size")
+        chunk = None
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
+                    or offset + size > len(binary):
+                raise InvalidInput(f"inputs[{i}]: binary_data_size {size!r} does not fit the "
+                                   "body")
+            chunk, offset = binary[offset: offset + size], offset + size
+        parts.append(TensorPart(raw.get("name"), raw.get("datatype"), raw.get("shape"), chunk,
+                                raw.get("data")))
+    if offset != len(binary):
+        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
+                           "input claims in 'binary_data_size'")
+    return parts
 
 
 def _flatten(data: object, depth: int, where: str) -> list[Any]:
@@ -137,6 +123,8 @@ def _flatten(data: object, depth: int, where: str) -> list[Any]:
 
 
 def _from_json(data: object, datatype: str, shape: list[int], where: str) -> InputValues:
+    if data is None:
+        raise InvalidInput(f"{where} has no 'data' and no binary_data_size")
     count = math.prod(shape)
     flat = _flatten(data, len(shape), where)
     if len(flat) != count:
@@ -148,31 +136,22 @@ def _from_json(data: object, datatype: str, shape: list[int], where: str) -> Inp
     return numbers(flat, datatype, where)
 
 
-def _requested_outputs(raw: object, config: ModelConfig,
-                       binary_default: bool) -> tuple[dict[str, bool], dict[str, int]]:
+def _output_parts(raw: object) -> list[OutputPart]:
     if raw is None:
-        return {}, {}
+        return []
     if not isinstance(raw, list):
         raise InvalidInput("'outputs' must be a list of {name, parameters}")
-    wanted: dict[str, bool] = {}
-    classifications: dict[str, int] = {}
-    for i, item in enumerate(raw):
-        name = item.get("name") if isinstance(item, dict) else None
-        parameters = (_parameters(item.get("parameters"), f"outputs[{i}].parameters")
-                      if isinstance(item, dict) else {})
-        name, count = requested_output(name, parameters, i, config)
-        wanted[name] = bool(parameters.get("binary_data", binary_default))
-        if count is not None:
-            classifications[name] = count
-    return wanted, classifications
+    return [OutputPart(item.get("name"),
+                       _parameters(item.get("parameters"), f"outputs[{i}].parameters"))
+            if isinstance(item, dict) else OutputPart(None, {})
+            for i, item in enumerate(raw)]
 
 
-def encode_infer_response(config: ModelConfig, version: str, request: InferRequest,
-                          outputs: dict[str, Array]) -> tuple[bytes, int | None]:
+def encode_infer_response(answer: InferAnswer) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when binary outputs follow it."""
     described: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for tensor in output_tensors(config, request, outputs):
+    for tensor in answer.outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
                                  "shape": list(tensor.array.shape)}
         if tensor.binary:
@@ -184,10 +163,10 @@ def encode_infer_response(config: ModelConfig, version: str, request: InferReque
         else:
             entry["data"] = tensor.array.ravel()
         described.append(entry)
-    head: dict[str, Any] = {"model_name": config.name, "model_version": version,
-                            "outputs": described}
-    if request.id is not None:
-        head["id"] = request.id
+    head: dict[str, Any] = {"model_name": answer.config.name,
+                            "model_version": answer.version, "outputs": described}
+    if answer.request.id is not None:
+        head["id"] = answer.request.id
     header = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, None

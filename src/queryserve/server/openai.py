@@ -23,7 +23,6 @@ from queryserve.server.openai_protocol import (
     find_model,
     invalid,
     model_for,
-    served_models,
 )
 from queryserve.server.routing import Router, json_body, json_response
 from queryserve.server.state import ServerState
@@ -50,7 +49,7 @@ class OpenAIRoutes:
     async def embeddings(self, request: Request) -> Response:
         body = json_body(request, EXAMPLE)
         name, model = model_for(self.state, body, Embeddings, "/v1/embeddings", EXAMPLE)
-        inputs = embedding_inputs(self.state, body.get("input"))
+        inputs = embedding_inputs(body.get("input"))
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
@@ -61,18 +60,18 @@ class OpenAIRoutes:
             raise invalid(f"model '{name}' returns {width} dimensions; 'dimensions' "
                           f"{str(dimensions)[:40]} is not supported", "dimensions")
         with about("input"):  # what the model refuses is in the input (a token id)
-            result = await model.infer(inputs)
+            result = await self.state.infer(model, inputs)
         return json_response(embeddings_answer(name, result, encoding == "base64"))
 
     async def models(self, request: Request) -> Response:
         return json_response({"object": "list", "data": [
-            model_card(name, model) for name, model in served_models(self.state).items()]})
+            model_card(name, model) for name, model in self.state.served_models().items()]})
 
     async def one_model(self, request: Request, name: str) -> Response:
         return json_response(model_card(name, find_model(self.state, name)))
 
 
-def embedding_inputs(state: ServerState, raw: object) -> Inputs:
+def embedding_inputs(raw: object) -> Inputs:
     """`input` as OpenAI and TEI take it: a string, a list of strings, one row of token ids
     (a list of ints), or rows of them (a list of lists of ints). Anything else, mixed kinds
     included, is a 400 that names the item."""
@@ -87,10 +86,9 @@ def embedding_inputs(state: ServerState, raw: object) -> Inputs:
         if _is_token_id(first):
             return Inputs((), token_ids=[_token_row(raw, "input")])
         if isinstance(first, list):
-            state.check_items(len(raw))
             return Inputs((), token_ids=[_token_row(row, f"input[{i}]")
                                          for i, row in enumerate(raw)])
-        return Inputs(state.texts(raw, "input"))
+        return Inputs(ServerState.texts(raw, "input"))
 
 
 def _is_token_id(value: object) -> bool:

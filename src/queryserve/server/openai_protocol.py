@@ -1,5 +1,6 @@
 """What the OpenAI-style routes share (`openai`, `rerank`): the paths that answer OpenAI's error
-object, that object, and finding the model a request names through the served-model aliases.
+object, that object, and the model a request names as OpenAI's SDKs expect a missing one
+(`model_not_found`).
 
 OpenAI's SDKs read an error body as `{"error": {"message", "type", "param", "code"}}`
 (`openai._exceptions.APIError` sets `e.type`, `e.param`, `e.code`; `e.status_code` is the
@@ -84,25 +85,17 @@ def error_response(error: QueryServeError) -> Response:
 # -- models by the names clients call them ----------------------------------------------------
 
 
-def served_models(state: ServerState) -> dict[str, AnyModel]:
-    """Every name a client may call a loaded model by, sorted: the models' own names and the
-    aliases (`--served-model-name`), which win where a name is both, as in `find_model`."""
-    loaded = state.repository.models
-    targets = {name: name for name in loaded} | state.aliases
-    return {name: loaded[target] for name, target in sorted(targets.items())
-            if target in loaded}
-
-
 def find_model(state: ServerState, name: str) -> AnyModel:
-    """The model `name` calls, directly or as an alias. A name the server does not serve is
-    a 404 with OpenAI's `model_not_found`; a known model not loaded now stays a 503."""
+    """The model `name` calls (`ServerState.model`: aliases included), with OpenAI's
+    `model_not_found` for a name the server does not serve, a path or a page included; a known
+    model not loaded now stays a 503."""
     try:
-        return state.repository.get(state.aliases.get(name, name))
-    except (NotFound, InvalidInput):  # InvalidInput: not even a model name (a path, a page)
-        pass
-    raise DetailedError(NotFound(f"unknown model '{shown(name)}'; this server has: "
-                                 f"{', '.join(served_models(state)) or 'no models'}"),
-                        param="model", code="model_not_found")
+        return state.model(name)
+    except (NotFound, InvalidInput) as exc:  # InvalidInput: not even a model name
+        message = exc.message if isinstance(exc, NotFound) else (
+            f"unknown model '{shown(name)}'; this server has: "
+            f"{', '.join(state.served_models()) or 'no models'}")
+        raise DetailedError(NotFound(message), param="model", code="model_not_found") from None
 
 
 def model_for(state: ServerState, body: dict[str, Any], kind: type[T], route: str,

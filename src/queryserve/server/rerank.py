@@ -28,26 +28,34 @@ EXAMPLE = ('{"model": "duplicates", "query": "sony cyber-shot dsc-w120", "docume
 
 
 def add_routes(router: Router, state: ServerState) -> None:
-    async def rerank(request: Request) -> Response:
+    routes = RerankRoutes(state)
+    router.add("POST", "/v1/rerank", routes.rerank)
+    router.add("POST", "/rerank", routes.rerank)
+
+
+class RerankRoutes:
+    """The rerank route's handler over the server's state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def rerank(self, request: Request) -> Response:
         body = json_body(request, EXAMPLE)
-        name, model = model_for(state, body, PairScores, "/v1/rerank", EXAMPLE)
+        name, model = model_for(self.state, body, PairScores, "/v1/rerank", EXAMPLE)
         query = _query(body.get("query"))
-        documents = _documents(state, body.get("documents"))
+        documents = _documents(body.get("documents"))
         top_n = _top_n(body.get("top_n"), len(documents))
         return_documents = body.get("return_documents", False)
         if not isinstance(return_documents, bool):
             raise invalid(f"'return_documents' must be true or false, got "
                           f"{str(return_documents)[:40]}", "return_documents")
         with about("documents"):
-            scores = await model.infer(Inputs([query] * len(documents), documents))
+            scores = await self.state.infer(model, Inputs([query] * len(documents), documents))
         best = np.argsort(-scores.probabilities, kind="stable")[:top_n]
         return json_response({"model": name, "results": [
             _result(int(i), float(scores.probabilities[i]),
                     documents[i] if return_documents else None) for i in best],
             "usage": {"prompt_tokens": scores.tokens, "total_tokens": scores.tokens}})
-
-    router.add("POST", "/v1/rerank", rerank)
-    router.add("POST", "/rerank", rerank)
 
 
 def _query(raw: object) -> str:
@@ -56,13 +64,12 @@ def _query(raw: object) -> str:
     return raw
 
 
-def _documents(state: ServerState, raw: object) -> list[str]:
+def _documents(raw: object) -> list[str]:
     """Each document's text: a string, or an object's `"text"`."""
     if not isinstance(raw, list):
         raise invalid("'documents' must be a list of strings or of {\"text\": ...} objects, "
                       f"e.g. {EXAMPLE}", "documents")
     with about("documents"):
-        state.check_items(len(raw))
         if not raw:
             raise invalid("'documents' is empty; send at least one document", "documents")
         texts = []

@@ -114,9 +114,13 @@ class AccessControl:
             return False
         return True
 
-    def check_key(self, path: str, authorization: str | None) -> None:
-        if not path.startswith(PUBLIC_PREFIX) and not self.allows(authorization):
-            raise Unauthorized("this server needs an API key: send 'Authorization: Bearer KEY'"
+    def check_key(self, authorization: str | None, *, grpc: bool = False) -> None:
+        """Refuse a request without one of the keys: the one check, over HTTP (the
+        `Authorization` header) and gRPC (its metadata) alike."""
+        if not self.allows(authorization):
+            where = "the metadata 'authorization: Bearer KEY'" if grpc \
+                else "'Authorization: Bearer KEY'"
+            raise Unauthorized(f"this server needs an API key: send {where}"
                                if authorization is None else "the API key is not valid")
 
     def check_host(self, host: str | None) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from queryserve.api import decode_texts
-from queryserve.errors import InvalidInput, PayloadTooLarge
-from queryserve.repository import ModelRepository
+from queryserve.api import Inputs, decode_texts
+from queryserve.errors import InvalidInput, NotFound, PayloadTooLarge
+from queryserve.model import AnyModel, Model
+from queryserve.repository import ModelRepository, shown
 from queryserve.server.security import AccessControl
 from queryserve.server.snapshot import (
     ModelFigures,
@@ -24,6 +25,8 @@ from queryserve.server.snapshot import (
     merged,
     process_families,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,20 +142,49 @@ class ServerState:
         if self.siblings is not None:
             await self.siblings.everywhere("unload", name)
 
-    def texts(self, raw: object, where: str) -> list[str]:
-        """A request's list of texts: a non-empty list within the item limit, each item
-        non-empty UTF-8 text."""
-        if not isinstance(raw, list):
-            raise InvalidInput(f"'{where}' must be a list of strings")
-        self.check_items(len(raw))
-        if not raw:
-            raise InvalidInput(f"'{where}' is empty; send at least one")
-        return decode_texts(raw, where)
+    # -- what every route asks of the server: one place each -------------------------------
 
-    def check_items(self, count: int) -> None:
+    def model(self, name: str, version: str | None = None) -> AnyModel:
+        """The model a client's `name` calls, on any route and protocol (`resolve`); a known
+        model not loaded now is a 503."""
+        return self.repository.get(self.resolve(name), version)
+
+    def resolve(self, name: str) -> str:
+        """The repository's name for what a client calls `name`: a model's own name or an
+        alias (`--served-model-name`), which wins where a name is both. A name the server does
+        not know is a 404 listing what it serves."""
+        target = self.aliases.get(name, name)
+        if target in self.repository.models or self.repository.exists(target):
+            return target
+        raise NotFound(f"unknown model '{shown(name)}'; this server has: "
+                       f"{', '.join(self.served_models()) or 'no models'}")
+
+    def served_models(self) -> dict[str, AnyModel]:
+        """Every name a client may call a loaded model by, sorted: the models' own names and
+        the aliases."""
+        loaded = self.repository.models
+        targets = {name: name for name in loaded} | self.aliases
+        return {name: loaded[target] for name, target in sorted(targets.items())
+                if target in loaded}
+
+    async def infer(self, model: Model[T], inputs: Inputs) -> T:
+        """`model.infer`, within the server's item limit: every route infers through here, so
+        an over-limit request is the same 413 whichever route or protocol carried it."""
+        count = len(inputs.token_ids) if inputs.token_ids is not None else len(inputs.texts)
         if count > self.limits.max_items:
             raise PayloadTooLarge(f"the request has {count} items; at most "
                                   f"{self.limits.max_items} are allowed per request")
+        return await model.infer(inputs)
+
+    @staticmethod
+    def texts(raw: object, where: str) -> list[str]:
+        """A request's list of texts: a non-empty list, each item non-empty UTF-8 text (their
+        number is checked against the limit where they are inferred, `infer`)."""
+        if not isinstance(raw, list):
+            raise InvalidInput(f"'{where}' must be a list of strings")
+        if not raw:
+            raise InvalidInput(f"'{where}' is empty; send at least one")
+        return decode_texts(raw, where)
 
 
 async def _together(*steps: Awaitable[object]) -> None:

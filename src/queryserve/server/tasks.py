@@ -1,10 +1,11 @@
 """The task routes, JSON for people and web pages: `/v1/spell`, `/v1/intent`, `/v1/duplicates`,
 `/v1/search`.
 
-Each is decode -> `model.infer` -> encode: a JSON object with the request's texts and options,
-the model it names (`"model"`, or the route's default) checked to be of the route's kind, and
-the model's typed answer written out. What the answer means (the likeliest labels, whether a
-correction changed the query, a pair's decision at its threshold) the model has decided.
+Each is decode -> `state.infer(model, ...)` -> encode: a JSON object with the request's texts
+and options, the model it names (`"model"`: a name or an alias, or the route's default) checked
+to be of the route's kind, and the model's typed answer written out. What the answer means (the
+likeliest labels, whether a correction changed the query, a pair's decision at its threshold)
+the model has decided.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class TaskRoutes:
         model `spell` or the spelling or text2text model named by `"model"`."""
         body = json_body(request, SPELL)
         corrector = self.model(body, "spell", Corrections, "/v1/spell")
-        result = await corrector.infer(Inputs(self.texts(body, "queries", SPELL)))
+        result = await self.state.infer(corrector, Inputs(self.texts(body, "queries", SPELL)))
         return json_response({"corrections": result.corrections})
 
     async def intent(self, request: Request) -> Response:
@@ -64,7 +65,8 @@ class TaskRoutes:
         body = json_body(request, INTENT)
         classifier = self.model(body, "intent", Classifications, "/v1/intent")
         queries = self.texts(body, "queries", INTENT)
-        result = await classifier.infer(Inputs(queries, parameters=_options(body, "top_k")))
+        result = await self.state.infer(classifier, Inputs(queries,
+                                                        parameters=_options(body, "top_k")))
         return json_response({"results": [
             {"query": q, "intents": _labels(top)}
             for q, top in zip(queries, result.top, strict=True)]})
@@ -76,8 +78,9 @@ class TaskRoutes:
         body = json_body(request, DUPLICATES)
         scorer = self.model(body, "duplicates", PairScores, "/v1/duplicates")
         pairs = self.pairs(body)
-        result = await scorer.infer(Inputs([a for a, _ in pairs], [b for _, b in pairs],
-                                           _options(body, "threshold")))
+        result = await self.state.infer(scorer, Inputs([a for a, _ in pairs],
+                                                       [b for _, b in pairs],
+                                                       _options(body, "threshold")))
         return json_response({"threshold": result.threshold, "results": [
             {"probability": float(p), "duplicate": d}
             for p, d in zip(result.probabilities, result.duplicates, strict=True)]})
@@ -93,17 +96,17 @@ class TaskRoutes:
             raise InvalidInput(f'the body must be a JSON object with "query": a non-empty '
                                f"string, e.g. {SEARCH}")
         searcher = self.model(body, "search", Searches, "/v1/search")
-        result = await searcher.infer(Inputs([query], parameters=_options(
+        result = await self.state.infer(searcher, Inputs([query], parameters=_options(
             body, "k", "catalog", "spell")))
         return json_response(_search_answer(result.answers[0]))
 
     def model(self, body: dict[str, Any], default: str, kind: type[T], route: str) -> Model[T]:
-        """The model the body names (`"model"`, or the route's `default`), of the route's
-        kind."""
+        """The model the body names (`"model"`: a name or an alias, or the route's
+        `default`), of the route's kind."""
         name = body.get("model", default)
         if not isinstance(name, str):
             raise InvalidInput(f"'model' must name a model, e.g. \"{default}\"")
-        return self.state.repository.get(name).answering(kind, route)
+        return self.state.model(name).answering(kind, route)
 
     def texts(self, body: dict[str, Any], field: str, example: str) -> list[str]:
         if not isinstance(body.get(field), list):
@@ -112,12 +115,11 @@ class TaskRoutes:
         return self.state.texts(body[field], field)
 
     def pairs(self, body: dict[str, Any]) -> list[list[str]]:
-        """The body's `"pairs"`: within the item limit, each a list of two texts."""
+        """The body's `"pairs"`: each a list of two texts."""
         pairs = body.get("pairs")
         if not isinstance(pairs, list):
             raise InvalidInput(f'the body must be a JSON object with "pairs": a list of '
                                f"[text, text] pairs, e.g. {DUPLICATES}")
-        self.state.check_items(len(pairs))
         if not pairs:
             raise InvalidInput(f"'pairs' is empty; send at least one pair, e.g. {DUPLICATES}")
         for i, pair in enumerate(pairs):

@@ -1,10 +1,11 @@
 """KServe v2 over gRPC: the protobuf messages to and from the protocol's shared core.
 
-Only the wire format is here. What a tensor must be, the request's parameters, the outputs
-asked for and the classification extension come from `kserve.py`, as they do for HTTP; the
-metadata, configuration, statistics and repository index are the documents HTTP answers with
-(`kserve.model_metadata`, `kserve.triton_config`, `ModelStats.as_triton_json`,
-`ModelRepository.index`), parsed into Triton's messages, so the two protocols cannot disagree.
+Only the wire format is here: the message is read into the protocol's parts, from which
+`kserve.infer_request` builds the request, as it does for HTTP; what a tensor must be, the
+request's parameters, the outputs asked for and the classification extension are that shared
+core's. The metadata, configuration, statistics and repository index are the documents HTTP
+answers with (`kserve_service`, `ModelRepository.index`), parsed into Triton's messages, so
+the two protocols cannot disagree.
 
 Tensor data travels either typed (`contents`, one repeated field per datatype) or raw
 (`raw_input_contents`, one entry per input, in input order). Triton answers in
@@ -14,6 +15,7 @@ typed outputs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -24,7 +26,6 @@ from queryserve.errors import InvalidInput
 from queryserve.server import kserve
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.grpc.proto import model_config_pb2 as config_pb
-from queryserve.types import Array
 
 CONTENTS_FIELDS = {
     "BOOL": "bool_contents",
@@ -61,61 +62,47 @@ def parameters(fields: Mapping[str, Any]) -> dict[str, Any]:
 def decode_infer_request(request: pb.ModelInferRequest,
                          config: ModelConfig) -> kserve.InferRequest:
     """The request, checked against the model's config, in the shared core's terms."""
-    if not request.inputs:
-        raise InvalidInput("'inputs' must be a non-empty list of tensors")
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for "
                            f"{len(request.inputs)} inputs; send one per input, in input order")
-    inputs: dict[str, kserve.InputValues] = {}
+    parts = []
     for i, tensor in enumerate(request.inputs):
-        spec = kserve.input_spec(tensor.name, i, config)
-        where = f"input '{spec.name}'"
-        count = kserve.check_tensor(spec, tensor.datatype, list(tensor.shape), config, where)
-        if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(f"{where} has both contents and raw_input_contents; send "
-                                   "every input one way")
-            values = kserve.values_from_raw(memoryview(raw[i]), spec.datatype, count, where)
-        else:
-            values = _typed_values(tensor.contents, spec.datatype, count, where)
-        kserve.add_input(inputs, spec.name, values, i)
-    kserve.check_inputs_complete(inputs, config)
-    options = parameters(request.parameters)
-    wanted: dict[str, bool] = {}
-    classifications: dict[str, int] = {}
-    for i, output in enumerate(request.outputs):
-        name, classes = kserve.requested_output(output.name, parameters(output.parameters), i,
-                                                config)
-        wanted[name] = bool(raw)
-        if classes is not None:
-            classifications[name] = classes
-    return kserve.InferRequest(id=request.id or None, inputs=inputs, binary_outputs=wanted,
-                               binary_default=bool(raw), timeout_s=kserve.request_timeout(options),
-                               parameters=options, classifications=classifications)
+        if raw and tensor.HasField("contents"):
+            raise InvalidInput(f"inputs[{i}] has both contents and raw_input_contents; send "
+                               "every input one way")
+        parts.append(kserve.TensorPart(tensor.name, tensor.datatype, list(tensor.shape),
+                                       memoryview(raw[i]) if raw else None, tensor.contents))
+    outputs = [kserve.OutputPart(output.name, parameters(output.parameters))
+               for output in request.outputs]
+    return kserve.infer_request(config, parts, outputs, parameters(request.parameters),
+                                id=request.id or None, binary_default=bool(raw),
+                                read_data=_typed_values)
 
 
-def _typed_values(contents: pb.InferTensorContents, datatype: str, count: int,
+def _typed_values(contents: object, datatype: str, shape: list[int],
                   where: str) -> kserve.InputValues:
+    assert isinstance(contents, pb.InferTensorContents)
     field = CONTENTS_FIELDS.get(datatype)
     if field is None:
         raise InvalidInput(f"{where}: {datatype} data has no typed contents field; send it in "
                            "raw_input_contents")
     values = getattr(contents, field)
+    count = math.prod(shape)
     if len(values) != count:
         raise InvalidInput(f"{where} has {len(values)} elements of data in {field}; its shape "
                            f"says {count}")
     return list(values) if datatype == "BYTES" else kserve.numbers(values, datatype, where)
 
 
-def encode_infer_response(config: ModelConfig, version: str, request: kserve.InferRequest,
-                          outputs: dict[str, Array]) -> pb.ModelInferResponse:
-    tensors = kserve.output_tensors(config, request, outputs)
+def encode_infer_response(answer: kserve.InferAnswer) -> pb.ModelInferResponse:
+    tensors = answer.outputs
     # raw_output_contents pairs with the outputs one to one, so the whole answer is raw or
     # typed: raw when the request was, or when a datatype has no typed field.
-    raw = request.binary_default or any(t.datatype not in CONTENTS_FIELDS for t in tensors)
-    response = pb.ModelInferResponse(model_name=config.name, model_version=version,
-                                     id=request.id or "")
+    raw = answer.request.binary_default or any(t.datatype not in CONTENTS_FIELDS
+                                               for t in tensors)
+    response = pb.ModelInferResponse(model_name=answer.config.name,
+                                     model_version=answer.version, id=answer.request.id or "")
     for tensor in tensors:
         entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype,
                                      shape=tensor.array.shape)
@@ -145,16 +132,15 @@ def server_metadata() -> pb.ServerMetadataResponse:
     return _parsed(kserve.server_metadata(), pb.ServerMetadataResponse())
 
 
-def model_metadata(config: ModelConfig, version: str) -> pb.ModelMetadataResponse:
-    return _parsed(kserve.model_metadata(config, version), pb.ModelMetadataResponse())
+def model_metadata(document: dict[str, object]) -> pb.ModelMetadataResponse:
+    return _parsed(document, pb.ModelMetadataResponse())
 
 
-def model_config(config: ModelConfig, threads: int) -> pb.ModelConfigResponse:
-    document = kserve.triton_config(config, threads)
+def model_config(document: dict[str, object]) -> pb.ModelConfigResponse:
     batching = document.get("dynamic_batching")
     if isinstance(batching, dict):
-        document["dynamic_batching"] = {k: v for k, v in batching.items()
-                                        if k not in QUERYSERVE_ONLY_BATCHING}
+        document = {**document, "dynamic_batching": {
+            k: v for k, v in batching.items() if k not in QUERYSERVE_ONLY_BATCHING}}
     return pb.ModelConfigResponse(config=_parsed(document, config_pb.ModelConfig()))
 
 

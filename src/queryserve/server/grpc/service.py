@@ -20,11 +20,10 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from queryserve.errors import InvalidInput, NotFound, QueryServeError, Unauthorized
-from queryserve.repository import VERSION, shown
-from queryserve.server import kserve
+from queryserve.errors import InvalidInput, QueryServeError
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
+from queryserve.server.kserve_service import KServeService
 from queryserve.server.security import valid_id
 from queryserve.server.state import ServerState
 
@@ -52,7 +51,7 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
         echoed = (("x-request-id", given),) if given is not None and valid_id(given) else ()
         try:
             if keyed:
-                service.check_key(metadata.get("authorization"))
+                service.state.auth.check_key(metadata.get("authorization"), grpc=True)
             if echoed:
                 context.set_trailing_metadata(echoed)
             return await handler(service, request)
@@ -80,13 +79,7 @@ class InferenceService:
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self.repository = state.repository
-
-    def check_key(self, value: str | None) -> None:
-        if not self.state.auth.allows(value):
-            raise Unauthorized("this server needs an API key: send the metadata "
-                               "'authorization: Bearer KEY'" if value is None
-                               else "the API key is not valid")
+        self.service = KServeService(state)
 
     @_public_rpc
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -94,16 +87,12 @@ class InferenceService:
 
     @_public_rpc
     async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.state.ready())
+        return pb.ServerReadyResponse(ready=self.service.ready())
 
     @_rpc
     async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        model = self.repository.models.get(request.name)
-        if model is not None and request.version in ("", VERSION) and model.ready():
-            return pb.ModelReadyResponse(ready=True)
-        if self.repository.exists(request.name):
-            return pb.ModelReadyResponse(ready=False)
-        raise NotFound(f"unknown model '{shown(request.name)}'")
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name,
+                                                                    request.version))
 
     @_rpc
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
@@ -113,28 +102,24 @@ class InferenceService:
     @_rpc
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             ) -> pb.ModelMetadataResponse:
-        model = self.repository.get(request.name, request.version)
-        return codec.model_metadata(model.config, VERSION)
+        return codec.model_metadata(self.service.metadata(request.name, request.version))
 
     @_rpc
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        model = self.repository.get(request.name, request.version)
-        return codec.model_config(model.config, model.threads)
+        return codec.model_config(self.service.config(request.name, request.version))
 
     @_rpc
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               ) -> pb.ModelStatisticsResponse:
-        names = [self.repository.get(request.name, request.version).name] if request.name \
-            else None
-        return codec.model_statistics(kserve.statistics(await self.state.snapshot(), names))
+        return codec.model_statistics(await self.service.statistics(
+            request.name or None, request.version))
 
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        model = self.repository.get(request.model_name, request.model_version)
-        parsed = codec.decode_infer_request(request, model.config)
-        inputs = kserve.model_inputs(parsed, model.config, self.state.check_items)
-        result = await model.infer(inputs)
-        return codec.encode_infer_response(model.config, VERSION, parsed, model.tensors(result))
+        answer = await self.service.infer(request.model_name, request.model_version,
+                                          lambda config: codec.decode_infer_request(request,
+                                                                                    config))
+        return codec.encode_infer_response(answer)
 
     async def ModelStreamInfer(self, requests: Any, context: Any) -> None:
         await abort(context, grpc.StatusCode.UNIMPLEMENTED,
@@ -143,7 +128,7 @@ class InferenceService:
     @_rpc
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               ) -> pb.RepositoryIndexResponse:
-        return codec.repository_index(self.repository.index(), request.ready)
+        return codec.repository_index(self.state.repository.index(), request.ready)
 
     @_rpc
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,

@@ -1,0 +1,61 @@
+"""What each KServe v2 operation does with the server, whichever wire carried it.
+
+HTTP (`kserve_http`) and gRPC (`grpc/service.py`) only decode and encode; between the two they
+call one method here. So an infer request finds its model (aliases included), is built and
+checked (`kserve.infer_request`), kept within the item limit and answered by the same code on
+both, and readiness and statistics cannot disagree between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from queryserve.config import ModelConfig
+from queryserve.repository import VERSION
+from queryserve.scheduling.stats import ModelStats
+from queryserve.server import kserve
+from queryserve.server.state import ServerState
+
+Decoder = Callable[[ModelConfig], kserve.InferRequest]
+"""A codec's decoding of the request it holds, against the config of the model it names."""
+
+
+class KServeService:
+    """The KServe v2 operations over the server's state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def infer(self, name: str, version: str | None,
+                    decode: Decoder) -> kserve.InferAnswer:
+        model = self.state.model(name, version)
+        request = decode(model.config)
+        result = await self.state.infer(model, kserve.model_inputs(request, model.config))
+        return kserve.InferAnswer.of(model.config, request, model.tensors(result))
+
+    def ready(self) -> bool:
+        return self.state.ready()
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """Whether the model is loaded and ready at that version; an unknown model is a 404,
+        a known one not loaded (or at another version) is just not ready."""
+        model = self.state.repository.models.get(self.state.resolve(name))
+        return model is not None and version in (None, "", VERSION) and model.ready()
+
+    def metadata(self, name: str, version: str | None) -> dict[str, object]:
+        return kserve.model_metadata(self.state.model(name, version).config, VERSION)
+
+    def config(self, name: str, version: str | None) -> dict[str, object]:
+        model = self.state.model(name, version)
+        return kserve.triton_config(model.config, model.threads)
+
+    async def statistics(self, name: str | None = None,
+                         version: str | None = None) -> list[dict[str, object]]:
+        """Triton's statistics extension (`model_stats`) for one model, or every model when
+        `name` is None, from the whole server's snapshot (every worker's); a model loaded a
+        moment ago may have no figures yet: its counts are zero."""
+        names = None if name is None else [self.state.model(name, version).name]
+        snapshot = await self.state.snapshot()
+        chosen = list(snapshot.models) if names is None else names
+        return [(snapshot.models[n].stats if n in snapshot.models else ModelStats())
+                .as_triton_json(n, VERSION) for n in chosen]
