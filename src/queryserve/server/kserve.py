@@ -17,7 +17,7 @@ import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,8 +65,7 @@ class OutputTensor:
     binary: bool
 
 
-@dataclass(frozen=True, slots=True)
-class InferAnswer:
+class InferAnswer(NamedTuple):
     """An infer request's answer, for its codec to encode."""
 
     config: ModelConfig
@@ -82,9 +81,10 @@ class InferAnswer:
         return cls(config, request, output_tensors(config, request, outputs))
 
 
-@dataclass(frozen=True, slots=True)
-class TensorPart:
-    """One input tensor as a codec read it off the wire, not yet checked against the model."""
+class TensorPart(NamedTuple):
+    """One input tensor as a codec read it off the wire, not yet checked against the model.
+    (The request's parts and answer are named tuples: built on every request, and a frozen
+    dataclass's __init__ costs several times a tuple's.)"""
 
     name: object
     datatype: object
@@ -101,8 +101,7 @@ DataReader = Callable[[object, str, list[int], str], InputValues]
 datatype and shape are the checked ones."""
 
 
-@dataclass(frozen=True, slots=True)
-class OutputPart:
+class OutputPart(NamedTuple):
     """One requested output as a codec read it: its name and its parameters
     (`binary_data`, `classification`), not yet checked."""
 

@@ -105,6 +105,8 @@ def _flatten(data: object, depth: int, where: str) -> list[Any]:
     `depth` deep; walked without recursion, so no nesting can exhaust the stack."""
     if not isinstance(data, list):
         return [data]
+    if not any(isinstance(item, list) for item in data):
+        return data  # given flat, as Triton's clients send it: nothing to walk
     flat: list[Any] = []
     stack: list[tuple[list[Any], int, int]] = [(data, 0, 1)]  # (list, next index, its depth)
     while stack:
