@@ -52,6 +52,10 @@ class Embeddings:
 class Label:
     name: str
     score: float
+    """The label's probability (calibrated where the model has a calibration)."""
+    confident: bool = True
+    """Whether `score` reaches the model's confidence threshold (`calibration.json`, fitted on
+    held-out data); a model without a calibration has no threshold, and says True."""
 
 
 @dataclass(frozen=True, slots=True)

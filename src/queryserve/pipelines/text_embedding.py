@@ -24,6 +24,7 @@ from queryserve.backends import Backend
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput
 from queryserve.pipelines.base import Res, TextPipeline
+from queryserve.pipelines.calibration import load_calibration
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
@@ -123,18 +124,26 @@ MAX_TOP_K = 1000
 
 class TextClassification(EncoderRows[Classifications]):
     """`text_classification`: label probabilities, and the `top_k` likeliest labels (default 1)
-    named by `parameters.labels`."""
+    named by `parameters.labels`. With a `calibration.json` beside the model
+    (`pipelines/calibration.py`) the probabilities are temperature-scaled, in every front end
+    alike, and a label under its threshold is not `confident`."""
 
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
         super().__init__(config, backends, stats, tokenizer)
         self.labels = config.labels(self.dim)
+        self.calibration = load_calibration(config.path)
 
     def result(self, inputs: Inputs, rows: Sequence[Array], tokens: int) -> Classifications:
         top_k = integer_parameter(inputs, "top_k", 1, 1, MAX_TOP_K)
-        probabilities = np.stack(rows)
+        probabilities = np.stack(rows)  # the graph's own: the response cache keeps those
+        threshold = 0.0
+        if self.calibration is not None:
+            probabilities = self.calibration.apply(probabilities)
+            threshold = self.calibration.threshold
         best = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
-        top = [[Label(self.labels[j], float(probabilities[i, j])) for j in best[i]]
+        top = [[Label(self.labels[j], float(probabilities[i, j]),
+                      bool(probabilities[i, j] >= threshold)) for j in best[i]]
                for i in range(len(rows))]
         return Classifications(probabilities, top, tokens)
 

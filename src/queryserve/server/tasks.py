@@ -61,7 +61,7 @@ class TaskRoutes:
 
     async def intent(self, request: Request) -> Response:
         """`{"queries": [...], "top_k": 3}` -> `{"results": [{"query", "intents": [{"intent",
-        "score"}]}]}`, the likeliest labels first."""
+        "score", "confident"}]}]}`, the likeliest labels first."""
         body = json_body(request, INTENT)
         classifier = self.model(body, "intent", Classifications, "/v1/intent")
         queries = self.texts(body, "queries", INTENT)
@@ -87,9 +87,9 @@ class TaskRoutes:
 
     async def search(self, request: Request) -> Response:
         """`{"query", "k", "catalog", "spell"}` -> spell -> embed -> ANN, with intent
-        alongside: `{"query", "corrected", "changed", "spell_score", "searched", "intent",
-        "catalog", "results": [{"id", "title", "performer_or_brand", "score"}],
-        "timings_ms": {step: ms}, "skipped"}`."""
+        alongside: `{"query", "corrected", "changed", "spell_score", "searched", "intent":
+        {"intent", "score", "confident"}, "catalog", "results": [{"id", "title",
+        "performer_or_brand", "score"}], "timings_ms": {step: ms}, "skipped"}`."""
         body = json_body(request, SEARCH)
         query = body.get("query")
         if not isinstance(query, str) or not query.strip():
@@ -135,7 +135,10 @@ def _options(body: dict[str, Any], *names: str) -> dict[str, object]:
 
 
 def _labels(labels: Sequence[Label]) -> list[dict[str, object]]:
-    return [{"intent": label.name, "score": label.score} for label in labels]
+    """`confident`: the score reaches the model's calibrated threshold (always true for a model
+    without a calibration)."""
+    return [{"intent": label.name, "score": label.score, "confident": label.confident}
+            for label in labels]
 
 
 def _search_answer(a: SearchAnswer) -> dict[str, object]:

@@ -154,7 +154,9 @@ class SearchPipeline:
         if found is None:
             return None, 0.0
         best = found.top[0][0]
-        return Label(best.name, round(best.score, 4)), _ms(started)
+        # Under the model's calibrated threshold the intent is still answered, marked as not
+        # confident: a page may dim it or leave it out, but must not assert it.
+        return Label(best.name, round(best.score, 4), best.confident), _ms(started)
 
     async def _optional(self, name: str, kind: type[Any], text: str, timeout_s: float | None,
                         skipped: list[str]) -> Any:
