@@ -32,6 +32,8 @@ from queryserve.spell.data import (
     DATA,
     Catalog,
     Misspellings,
+    development_catalog,
+    development_misspellings,
     load_catalog,
     load_misspellings,
     load_words,
@@ -78,10 +80,11 @@ class SpellSets:
 
     @classmethod
     def build(cls, data: Path = DATA, size: int | None = None, seed: int = 0,
-              seeds: int = SEEDS) -> SpellSets:
+              seeds: int = SEEDS, development: bool = False) -> SpellSets:
         """All held-out queries and words, or a sample of `size` of each (drawn by `seed`);
-        the noise seeds are `seed`, `seed + 1`, ..."""
-        catalog, misspellings, words, left_out = _held_out(data)
+        the noise seeds are `seed`, `seed + 1`, ... `development`: the same sets from the
+        development split (what is held out of it), to choose on without touching eval's."""
+        catalog, misspellings, words, left_out = _held_out(data, development)
         clean = list(catalog.held_out)
         if size is not None:
             rng = random.Random(seed)
@@ -108,11 +111,13 @@ class SpellSets:
                                    *(t.typed for t in self.realistic)]))
 
 
-def _held_out(data: Path) -> tuple[Catalog, Misspellings, list[tuple[str, str]], int]:
+def _held_out(data: Path, development: bool = False,
+              ) -> tuple[Catalog, Misspellings, list[tuple[str, str]], int]:
     """The catalog, the misspellings, the held-out (typed, meant) words that are no dictionary
     word (a real-word error cannot be told from a right word alone), and how many were left
-    out for that."""
-    catalog, misspellings = load_catalog(data), load_misspellings(data)
+    out for that; of the development split with `development`."""
+    catalog, misspellings = ((development_catalog(data), development_misspellings(data))
+                             if development else (load_catalog(data), load_misspellings(data)))
     lexicon = set(misspellings.lexicon) | set(load_words(data))
     words = [(t, w) for t, w in misspellings.held_out if t not in lexicon and t.isalpha()]
     return catalog, misspellings, words, len(misspellings.held_out) - len(words)
