@@ -51,7 +51,13 @@ from asgi_app import REPOSITORY_VARIABLE  # noqa: E402
 from sections.common import ROOT, bench, log, machine_line  # noqa: E402
 from tests.conftest import write_fake_model  # noqa: E402
 
-from queryserve.bench.server_process import free_port, wait_ready  # noqa: E402
+from queryserve.bench.server_process import (  # noqa: E402
+    free_port,
+    launch,
+    serve_command,
+    stop,
+    wait_ready,
+)
 
 OUT = ROOT / "bench-out" / "transports"
 MODEL = "fast"
@@ -64,8 +70,7 @@ def server_command(transport: str, repository: Path, port: int) -> list[str]:
     """The command line that serves `repository` on 127.0.0.1:`port` with `transport`."""
     address = ["--host", "127.0.0.1", "--port", str(port)]
     if transport == "queryserve":
-        return [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
-                "--http", f"127.0.0.1:{port}", "--grpc", "off", "--workers", "1"]
+        return serve_command(repository, port, "--grpc", "off", "--workers", "1")
     if transport == "uvicorn":
         return [sys.executable, "-m", "uvicorn", "--factory", "asgi_app:make_app",
                 "--app-dir", str(HERE), *address, "--loop", "uvloop", "--http", "httptools",
@@ -88,29 +93,16 @@ def serving(transport: str, repository: Path,
     env = {**os.environ, REPOSITORY_VARIABLE: str(repository), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE),
                                                        os.environ.get("PYTHONPATH"))))}
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as sink:
-        proc = subprocess.Popen(server_command(transport, repository, port), stdout=sink,
-                                stderr=subprocess.STDOUT, env=env)
-        try:
-            wait_ready(url, proc, log_path)
-            yield url, proc
-        finally:
-            stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL to the server and whatever it spawned if it is still there."""
-    tree = process_tree(proc.pid)
-    proc.send_signal(signal.SIGTERM)
+    server = launch(server_command(transport, repository, port), port, log_path, env=env)
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-    for pid in tree[1:]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        wait_ready(server.url, server.process, log_path)
+        yield server.url, server.process
+    finally:
+        tree = process_tree(server.process.pid)  # before the stop, while its children live
+        stop(server.process)
+        for pid in tree[1:]:  # whatever it spawned (granian's worker) and left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def probe(url: str) -> tuple[int, Any]:

@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,15 @@ MAX_RATE = os.environ.get("MAX_RATE", "200000")
 MIN_RUN_S = float(os.environ.get("MIN_RUN_S", "15"))  # no run starts with less time left
 PY = sys.executable
 sys.path.insert(0, str(ROOT / "src"))
-from queryserve.bench.server_process import free_port, peak_rss_mb  # noqa: E402
+from queryserve.bench.server_process import (  # noqa: E402
+    free_port,
+    launch,
+    peak_rss_mb,
+    rss_mb,
+    serve_command,
+    stop,
+    wait_ready,
+)
 
 servers: list[subprocess.Popen[bytes]] = []
 
@@ -132,61 +139,21 @@ def repository(model: str, instances: int) -> Path:
 # -- the server ----------------------------------------------------------------------------
 
 def start_server(repo: Path, workers: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """In a process group of its own, so that `stop_server` ends the workers too."""
     port = free_port()
-    command = [PY, "-m", "queryserve", "serve", "--repository", str(repo),
-               "--http", f"127.0.0.1:{port}", "--grpc", "off",
-               "--cores", str(len(SERVER_CPUS)), "--workers", str(workers)]
+    command = serve_command(repo, port, "--grpc", "off", "--cores", str(len(SERVER_CPUS)),
+                            "--workers", str(workers))
     log("  $ " + " ".join(command[1:]))
-    sink = log_path.open("wb")
-    proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, process_group=0,
-                            preexec_fn=lambda: os.sched_setaffinity(0, SERVER_CPUS))
-    sink.close()
-    servers.append(proc)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < limit_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    return time.monotonic() - started
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server not ready within {limit_s:.0f} s")
+    server = launch(command, port, log_path, cpus=SERVER_CPUS, own_group=True)
+    servers.append(server.process)
+    return server.process, server.url
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(1.0, min(10.0, left() + 5)))
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # its workers too (same process group)
-    proc.wait()
+    """SIGTERM, its drain bounded by the deadline, then SIGKILL to the group."""
+    stop(proc, max(1.0, min(10.0, left() + 5)), group=True)
     if proc in servers:
         servers.remove(proc)
-
-
-def rss_mb(pid: int) -> float | None:
-    """Resident memory now, summed over the process and its children (the peak:
-    `server_process.peak_rss_mb`)."""
-    pids = [pid]
-    with contextlib.suppress(OSError):
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    total = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return round(total / 1024, 1) if total else None
 
 
 # -- one run -------------------------------------------------------------------------------
@@ -261,7 +228,8 @@ def one_run(model: str, workers: int, connections: int, figures: dict[str, Any])
     server_log = WORK / f"server-{name}.log"
     proc, url = start_server(repo, workers, server_log)
     try:
-        run["ready_s"] = round(wait_ready(url, proc, min(90.0, max(1.0, left()))), 1)
+        ready_s = wait_ready(url, proc, server_log, timeout_s=min(90.0, max(1.0, left())))
+        run["ready_s"] = round(ready_s, 1)
         run["idle_rss_mb"] = rss_mb(proc.pid)
         previous = [r.get("max_rate") for r in figures["runs"]
                     if r["model"] == model and r.get("max_rate")]

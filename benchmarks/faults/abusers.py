@@ -15,18 +15,13 @@ import time
 from collections import Counter
 from typing import Any
 
+from faults.client import request_bytes
 from faults.common import Server, kserve_body
 
 PATH = "/v2/models/embed/infer"
-SLOW_HEAD = (b"POST /v2/models/embed/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-             b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+SLOW_HEAD = request_bytes(PATH, b"{}")
 LATE_S = 1.0  # how far past its deadline a close still counts as on time
 FLOOD_S = 180.0  # the flood ends by then, whatever happens
-
-
-def _request(path: str, body: bytes) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:
@@ -204,7 +199,7 @@ def big_header(server: Server, total_mb: int = 128) -> dict[str, Any]:
 def pipeliner(server: Server, count: int, read_s: float) -> dict[str, Any]:
     """`embed` requests: their answers (~8 KB each) outgrow the kernel's socket buffers (tens
     of MB on loopback) long before the 20,000th, so the server must hold the client back."""
-    one = _request(PATH, kserve_body(["wake me up at seven"]))
+    one = request_bytes(PATH, kserve_body(["wake me up at seven"]))
     data = memoryview(one * count)
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=read_s + 30)
     progress: dict[str, Any] = {"sent": 0, "last_s": 0.0}

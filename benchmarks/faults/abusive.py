@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from faults.abusers import LATE_S, PATH, big_header, flood, pipeliner, slowloris
-from faults.client import Background, Stream, summarize
+from faults.client import Background, Stream
 from faults.common import (
     REPOSITORY,
     Mode,
@@ -27,6 +25,8 @@ from faults.common import (
     serving,
     verdict,
 )
+from faults.records import summarize
+from queryserve.bench.server_process import ready_status
 
 TITLE = "Abusive clients beside a normal one"
 RATE = 100.0
@@ -73,7 +73,7 @@ def measure(mode: Mode) -> dict[str, Any]:
             phase("after", lambda: time.sleep(quiet_s) or {})
             (records,) = load.stop()
         baseline_mb = rss.peak_mb(phases[0]["start"], phases[0]["end"]) or 0.0
-        ready_after = ready(server.url)
+        ready_after = ready_status(server.url, timeout_s=10)
     for p in phases:
         p["normal"] = summarize(records, p["start"], p["end"])
         p["rss_peak_mb"] = rss.peak_mb(p["start"], p["end"])
@@ -81,15 +81,6 @@ def measure(mode: Mode) -> dict[str, Any]:
         p["others_answered"] = p.pop("embed_answered") - summarize(
             records, p["start"], p["end"], by="done")["outcomes"].get("200", 0)
     return judge(phases, baseline_mb, ready_after, header_s, read_s, flags)
-
-
-def ready(url: str) -> int:
-    """`/v2/health/ready` on a new connection: its status."""
-    try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=10) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 def judge(phases: list[dict[str, Any]], baseline_mb: float, ready_after: int, header_s: float,

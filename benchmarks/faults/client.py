@@ -8,30 +8,51 @@ to judge latency phase by phase. The wire work is the loadgen's: requests encode
 run, one write each, httptools parsing, one request per connection at a time, the pool growing
 on demand, latency from the scheduled send time (open loop: a stalled server is charged for
 the wait). Times are `time.monotonic()`, the same clock in every process of the machine.
+
+Beside it, what the scenarios' other clients share: `request_bytes`, one POST as it goes on the
+wire (for the open loop and the raw-socket abusers alike), and `post`, one blocking request
+timed (a reload, the largest valid request); readiness is the runner's `ready_status`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing
 import time
 import traceback
-from array import array
-from collections import Counter, deque
+import urllib.error
+import urllib.request
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
-import numpy as np
 import uvloop
 
-CONNECT_FAILED, CONNECTION_LOST, UNANSWERED = 1, 2, 3
-ERRORS = {CONNECT_FAILED: "connect failed", CONNECTION_LOST: "connection lost",
-          UNANSWERED: "unanswered"}
+from faults.records import CONNECT_FAILED, CONNECTION_LOST, UNANSWERED, Records
+
+
+def request_bytes(path: str, body: bytes, host: str = "127.0.0.1") -> bytes:
+    """One HTTP/1.1 POST of a JSON `body` to `path`, head and body, as written on the wire."""
+    return (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def post(url: str, body: bytes, timeout_s: float) -> tuple[int, float, int]:
+    """One blocking POST of a JSON `body` on a new connection: its status, how long it took
+    (s) and the answer's bytes. An error status is an answer, not an exception."""
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"content-type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            status, size = resp.status, len(resp.read())
+    except urllib.error.HTTPError as exc:
+        status, size = exc.code, len(exc.read())
+    return status, time.monotonic() - started, size
 
 
 @dataclass(frozen=True)
@@ -43,74 +64,6 @@ class Stream:
     rate: float
     connections: int = 4  # opened before the first request
     max_connections: int = 512
-
-
-@dataclass
-class Records:
-    """One entry per scheduled request: when it was due, written and answered (monotonic s;
-    NaN for never), its status (0: none), whether it carried Retry-After, and its error."""
-
-    scheduled: array[float] = field(default_factory=lambda: array("d"))
-    written: array[float] = field(default_factory=lambda: array("d"))
-    done: array[float] = field(default_factory=lambda: array("d"))
-    status: array[int] = field(default_factory=lambda: array("i"))
-    retry_after: array[int] = field(default_factory=lambda: array("b"))
-    error: array[int] = field(default_factory=lambda: array("b"))
-    connects: array[float] = field(default_factory=lambda: array("d"))  # each connection made
-
-    def add(self, due: float) -> int:
-        self.scheduled.append(due)
-        self.written.append(math.nan)
-        self.done.append(math.nan)
-        self.status.append(0)
-        self.retry_after.append(0)
-        self.error.append(0)
-        return len(self.scheduled) - 1
-
-    def finish(self, i: int, status: int, retry_after: bool) -> None:
-        self.done[i], self.status[i], self.retry_after[i] = time.monotonic(), status, retry_after
-
-    def fail(self, i: int, error: int) -> None:
-        self.done[i], self.error[i] = time.monotonic(), error
-
-
-def summarize(records: Records, start: float = -math.inf, end: float = math.inf,
-              by: str = "scheduled", others: bool = False) -> dict[str, Any]:
-    """The requests whose `by` time (scheduled, written or done) falls in [start, end), or
-    with `by="in flight"` those scheduled before `end` and not done before `start`; with
-    `others`, every request but those. How many, their outcomes, 503s without Retry-After,
-    and the latency of the 200s (ms, from the scheduled send time)."""
-    if by == "in flight":
-        done = np.frombuffer(records.done, dtype=np.float64)
-        chosen = (np.frombuffer(records.scheduled, dtype=np.float64) < end) & ~(done < start)
-    else:
-        when = np.frombuffer(getattr(records, by), dtype=np.float64)
-        chosen = (when >= start) & (when < end)  # NaN (never written) is in no window
-    if others:
-        chosen = ~chosen
-    status = np.frombuffer(records.status, dtype=np.int32)[chosen]
-    error = np.frombuffer(records.error, dtype=np.int8)[chosen]
-    retry = np.frombuffer(records.retry_after, dtype=np.int8)[chosen]
-    scheduled = np.frombuffer(records.scheduled, dtype=np.float64)[chosen]
-    latency = (np.frombuffer(records.done, dtype=np.float64)[chosen] - scheduled) * 1000
-    lag = (np.frombuffer(records.written, dtype=np.float64)[chosen] - scheduled) * 1000
-    lag = lag[~np.isnan(lag)]
-    outcomes: Counter[str] = Counter(str(s) for s in status[status > 0].tolist())
-    outcomes.update(ERRORS[e] for e in error[error > 0].tolist())
-    ok = latency[status == 200]
-    return {
-        "requests": int(chosen.sum()),
-        "outcomes": dict(sorted(outcomes.items())),
-        "non_200": int(chosen.sum() - (status == 200).sum()),
-        "503_without_retry_after": int(((status == 503) & (retry == 0)).sum()),
-        "p50_ms": round(float(np.percentile(ok, 50)), 2) if ok.size else None,
-        "p99_ms": round(float(np.percentile(ok, 99)), 2) if ok.size else None,
-        "max_ms": round(float(ok.max()), 2) if ok.size else None,
-        # Written this late after their scheduled time (waiting for a free connection, or a
-        # client that cannot keep up): the p99.
-        "send_lag_p99_ms": round(float(np.percentile(lag, 99)), 2) if lag.size else None,
-        "connections_opened": sum(start <= t < end for t in records.connects),
-    }
 
 
 class _Conn(asyncio.Protocol):
@@ -159,10 +112,8 @@ class OpenLoop:
         if parts.hostname != "127.0.0.1":
             raise ValueError(f"fault scenarios target 127.0.0.1 only, not {parts.hostname}")
         self.host, self.port, self.stream = parts.hostname, parts.port or 80, stream
-        self.requests = [
-            (f"POST {stream.path} HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
-             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
-             ).encode() + body for body in stream.bodies]
+        self.requests = [request_bytes(stream.path, body, f"127.0.0.1:{self.port}")
+                         for body in stream.bodies]
         self.records = Records()
         self.idle: list[_Conn] = []
         self.conns: set[_Conn] = set()

@@ -8,13 +8,10 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,12 +20,14 @@ from typing import Any
 
 import yaml
 
+from queryserve.bench import server_process
+from queryserve.bench.server_process import free_port, serve_command
+
 HERE = Path(__file__).resolve().parent.parent  # benchmarks/
 ROOT = HERE.parent
 OUT = ROOT / "bench-out" / "reliability"
 REPOSITORY = ROOT / "model_repository"
 QUERIES = ROOT / "data" / "massive-en" / "test.jsonl"
-READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 40.0  # SIGTERM, then SIGKILL: the drain timeout (30 s) and some
 
 
@@ -66,12 +65,6 @@ def groups(size: int, count: int) -> list[list[str]]:
 def kserve_body(texts: list[str]) -> bytes:
     return json.dumps({"inputs": [{"name": "text", "shape": [len(texts), 1],
                                    "datatype": "BYTES", "data": texts}]}).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the server under test --------------------------------------------------------------------
@@ -145,38 +138,23 @@ def launch(repository: Path, log_path: Path, *flags: str) -> Server:
     """`queryserve serve --grpc off` with `flags` started on a free loopback port, its output
     in `log_path`; not waited for (`wait_ready`), and the caller's to stop (`stop`)."""
     port = free_port()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
-               "--http", f"127.0.0.1:{port}", "--grpc", "off", *flags]
-    with log_path.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return Server(f"http://127.0.0.1:{port}", port, process, log_path, list(flags))
+    command = serve_command(repository, port, "--grpc", "off", *flags)
+    # Unbuffered, so that a scenario reading the log (worker pids, "retired") sees each line
+    # at once; the environment read now, after reliability.py's own settings.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = server_process.launch(command, port, log_path, env=env)
+    return Server(started.url, port, started.process, log_path, list(flags))
 
 
 def stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
+    """The runner's stop, with time for the server's drain (its timeout is 30 s)."""
+    server_process.stop(process, STOP_TIMEOUT_S)
 
 
-def wait_ready(server: Server, timeout_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            tail = server.log_text().strip().splitlines()[-5:]
-            raise RuntimeError("the server exited before it was ready:\n  " + "\n  ".join(tail))
-        with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(
-                f"{server.url}/v2/health/ready", timeout=2) as resp:
-            if resp.status == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"the server at {server.url} was not ready within {timeout_s:.0f} s")
+def wait_ready(server: Server) -> None:
+    """Until the server is ready (the runner's wait: a BenchError with the log's tail if it
+    exits first)."""
+    server_process.wait_ready(server.url, server.process, server.log)
 
 
 def one_model_repository(model: str, folder: Path, **batching: int) -> Path:

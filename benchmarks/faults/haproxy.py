@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -37,13 +36,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from faults.common import free_port
+from queryserve.bench.server_process import free_port, launch, stop
 
 BACKEND = "replicas"
 HEALTH_PATH = "/v2/health/ready"
 INSTALL = ("HAProxy is not installed: `make setup` installs Debian's haproxy (as root), or "
            "`apt-get install -y haproxy`")
 START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0  # a hard stop: the load has ended by now
 UP_TIMEOUT_S = 10.0
 # What the scenario reports of a phase: the backend's retries and redispatches (each one a
 # request that met a closed listener or connection and was sent again), its connection and
@@ -189,15 +189,13 @@ def balancing(folder: Path, slots: int) -> Iterator[Balancer]:
                              capture_output=True, text=True, timeout=30)
     if checked.returncode != 0:
         raise RuntimeError(f"HAProxy refused {config_path}:\n{checked.stderr}{checked.stdout}")
-    with log_path.open("wb") as sink:
-        process = subprocess.Popen([binary, "-db", "-f", str(config_path)], stdout=sink,
-                                   stderr=subprocess.STDOUT)
+    process = launch([binary, "-db", "-f", str(config_path)], port, log_path).process
     balancer = Balancer(f"http://127.0.0.1:{port}", process, api, names, log_path)
     try:
         _wait_started(balancer, port)
         yield balancer
     finally:
-        _stop(process)
+        stop(process, STOP_TIMEOUT_S)
         shutil.rmtree(api_folder, ignore_errors=True)
 
 
@@ -214,14 +212,3 @@ def _wait_started(balancer: Balancer, port: int) -> None:
         time.sleep(0.05)
     raise RuntimeError(f"HAProxy did not listen on 127.0.0.1:{port} within "
                        f"{START_TIMEOUT_S:.0f} s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)  # hard stop: the load has ended by now
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)

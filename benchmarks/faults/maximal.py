@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +14,9 @@ from typing import Any
 import yaml
 from tokenizers import Tokenizer
 
-from faults.client import Background, Records, Stream, summarize
+from faults.client import Background, Stream, post
 from faults.common import REPOSITORY, Mode, Server, kserve_body, log, ms, queries, serving, verdict
+from faults.records import Records, summarize
 
 TITLE = "Maximal requests among ordinary ones"
 MAX_ITEMS = 1024  # the server's default --max-items
@@ -92,19 +91,6 @@ ROUTES = [
 ]
 
 
-def post(server: Server, path: str, body: bytes) -> tuple[int, float, int]:
-    """Status, seconds and answer bytes of one request."""
-    request = urllib.request.Request(server.url + path, data=body, method="POST",
-                                     headers={"content-type": "application/json"})
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=900) as resp:
-            status, size = resp.status, len(resp.read())
-    except urllib.error.HTTPError as exc:
-        status, size = exc.code, len(exc.read())
-    return status, time.monotonic() - started, size
-
-
 def one_route(server: Server, route: Route, items: int) -> dict[str, Any]:
     texts = queries(500)
     body = route.maximal(items)
@@ -117,7 +103,7 @@ def one_route(server: Server, route: Route, items: int) -> dict[str, Any]:
         warm = time.monotonic()
         time.sleep(BEFORE_S)
         sent = time.monotonic()
-        status, seconds, size = post(server, route.path, body)
+        status, seconds, size = post(server.url + route.path, body, timeout_s=900)
         answered = time.monotonic()
         time.sleep(AFTER_S)
         records: list[Records] = load.stop()

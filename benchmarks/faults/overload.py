@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from faults.client import Background, Stream, summarize
+from faults.client import Background, Stream
 from faults.common import (
     REPOSITORY,
     Mode,
@@ -20,6 +20,7 @@ from faults.common import (
     serving,
     verdict,
 )
+from faults.records import summarize
 
 TITLE = "Overload: three times the sustainable rate"
 PATH = "/v2/models/embed/infer"

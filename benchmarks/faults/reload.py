@@ -5,11 +5,9 @@ but a 200 while `embed` is reloaded 10 times; after 20 more reloads the server's
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
-from faults.client import Background, Stream, summarize
+from faults.client import Background, Stream, post
 from faults.common import (
     REPOSITORY,
     Mode,
@@ -22,6 +20,7 @@ from faults.common import (
     serving,
     verdict,
 )
+from faults.records import summarize
 
 TITLE = "Reloading `embed` under load"
 PATH = "/v2/models/embed/infer"
@@ -32,15 +31,9 @@ RETIRED = "model 'embed' retired"
 
 def reload_embed(server: Server) -> tuple[int, float]:
     """`POST /v2/repository/models/embed/load`: its status and how long it took (s)."""
-    request = urllib.request.Request(f"{server.url}/v2/repository/models/embed/load",
-                                     data=b"", method="POST")
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=120) as resp:
-            status = resp.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-    return status, time.monotonic() - started
+    status, seconds, _ = post(f"{server.url}/v2/repository/models/embed/load", b"",
+                              timeout_s=120)
+    return status, seconds
 
 
 def settle(server: Server, retired: int, timeout_s: float = 30.0) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults.client import Background, Stream, summarize
+from faults.client import Background, Stream
 from faults.common import (
     OUT,
     STOP_TIMEOUT_S,
@@ -36,6 +36,7 @@ from faults.common import (
     wait_ready,
 )
 from faults.haproxy import Balancer, balancing
+from faults.records import summarize
 
 TITLE = "A rolling deploy and a 1 -> 3 -> 1 scale behind HAProxy, under load"
 PATH = "/v2/models/embed/infer"

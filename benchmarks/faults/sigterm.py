@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from faults.client import Background, Records, Stream, summarize
+from faults.client import Background, Stream
 from faults.common import (
     OUT,
     STOP_TIMEOUT_S,
@@ -25,6 +25,7 @@ from faults.common import (
     serving,
     verdict,
 )
+from faults.records import Records, summarize
 
 TITLE = "SIGTERM with ~2,000 items queued"
 PATH = "/v2/models/embed/infer"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faults.client import Background, Stream, summarize
+from faults.client import Background, Stream
 from faults.common import (
     OUT,
     Mode,
@@ -28,8 +28,10 @@ from faults.common import (
     serving,
     verdict,
 )
+from faults.records import summarize
 from faults.reload import reload_embed
 from faults.sigterm import DRAIN_S, QUEUE, sigterm_with_queue
+from queryserve.bench.server_process import ready_status
 
 TITLE = "Two workers (`--workers 2`): SIGTERM, reloads and a killed worker"
 PATH = "/v2/models/embed/infer"
@@ -148,19 +150,12 @@ def _kill(mode: Mode) -> dict[str, Any]:
 
 def _until_ready_again(server: Server, victim: int, killed: float) -> float | None:
     """Seconds from the kill until a new worker 0 serves and the server is ready."""
-    import urllib.error
-    import urllib.request
-
     while time.monotonic() - killed < REPLACE_S:
         time.sleep(0.05)
         if worker_pids(server).get(0) in (None, victim):
             continue
-        try:
-            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=2) as resp:
-                if resp.status == 200:
-                    return time.monotonic() - killed
-        except (urllib.error.URLError, OSError):
-            pass
+        if ready_status(server.url) == 200:
+            return time.monotonic() - killed
     return None
 
 
