@@ -19,9 +19,10 @@ from tests.conftest import REPOSITORY, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the fault scenarios import each other as faults.*
 
-from faults.client import Background, summarize
+from faults.client import Background
 from faults.common import one_model_repository
 from faults.haproxy import balancing, haproxy_binary
+from faults.records import summarize
 from faults.rolling import Fleet, load
 
 
