@@ -11,8 +11,9 @@ development words' real misspellings typed alone. The served folder
 then pairs the fitted network with the channel and the seq2seq learned from the whole
 training split, as `queryserve prepare` serves them (`spell-hybrid`).
 
-The network is fitted twice: on half of the examples, to report how it does on the other half
-at each threshold (the record's `development`), then on all of them.
+The two networks (P(right) per candidate, and the `gate`'s P(misspelled) on the words as
+typed) are fitted twice: on half of the examples, to report how they do on the other half at
+each threshold (the record's `development`), then on all of them.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ K = 3  # the channel's candidates per query (`rerank`: as good as 8 on `eval spe
 HIDDEN = 16
 NOISE_SEEDS = (101, 102)
 SPACE_SEED = 103
-THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
+THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 COMPUTE_TYPE = "int8"  # the seq2seq's, fitted on and served (`rerank`: 2.2x less CPU)
 # A correction the channel gives this posterior or more is its alone (`RerankerWeights
 # .channel_sure`): on the development split the network got no more of such queries right
@@ -185,6 +186,20 @@ def fit_reranker(development_seq2seq: Path, data: Path = DATA,
                         strict=True))
         progress(start + len(chunk), len(texts))
 
+    def as_typed(part: Sequence[Example]) -> tuple[Array, Array]:
+        """The words as typed's row where the network is asked, and whether they are
+        misspelled: what the gate learns."""
+        asked = [(rows[e.typed], e) for e in part if len(rows[e.typed].features)]
+        x = [c.features[c.texts.index(c.typed)] for c, _ in asked]
+        y = [normalized(e.meant) != c.typed for c, e in asked]
+        return np.vstack(x), np.asarray(y, dtype=np.float64)
+
+    def fitted(part: Sequence[Example]) -> RerankerWeights:
+        gate = fit_network(*as_typed(part))
+        return replace(fit_network(*labelled(part)), channel_sure=CHANNEL_SURE, gate={
+            f: getattr(gate, f) for f in ("mean", "scale", "hidden", "hidden_bias", "out",
+                                          "out_bias")})
+
     def labelled(part: Sequence[Example]) -> tuple[Array, Array]:
         """Each candidate's features and whether it is meant, where the network is asked."""
         asked = [e for e in part if len(rows[e.typed].features)]
@@ -193,16 +208,17 @@ def fit_reranker(development_seq2seq: Path, data: Path = DATA,
         return np.vstack(x), np.concatenate([np.asarray(v, dtype=np.float64) for v in y])
 
     halves = examples[0::2], examples[1::2]
-    half = fit_network(*labelled(halves[0]))
-    handed = handed_to_the_channel(half, rows, halves[1])
-    development = {f"{t:g}": _outcomes(replace(half, channel_sure=CHANNEL_SURE), rows,
-                                       halves[1], t) for t in THRESHOLDS}
-    weights = replace(fit_network(*labelled(examples)), channel_sure=CHANNEL_SURE)
+    half = fitted(halves[0])
+    handed = handed_to_the_channel(replace(half, channel_sure=None), rows, halves[1])
+    development = {f"{t:g}": _outcomes(half, rows, halves[1], t) for t in THRESHOLDS}
+    weights = fitted(examples)
     counts = {kind: sum(e.kind == kind for e in examples) for kind in ("clean", "misspelled",
                                                                         "word")}
     alone = sum(not len(rows[e.typed].features) for e in examples)
     return weights, {"examples": counts, "channel_alone": alone, "k": K, "hidden_units": HIDDEN,
                      "features": list(FEATURES),
+                     "gate": "a second network of the same shape over the words as typed's "
+                             "row: P(misspelled); a correction's score is P(right) times it",
                      "compute_type": COMPUTE_TYPE, "channel_sure": CHANNEL_SURE,
                      "channel_sure_note": "the development queries (odd half) each gate would "
                                           "hand the channel alone, how many it and the network "
