@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,8 +37,11 @@ InputValues = list[bytes | str] | Array
 """One input's elements, flat: texts (BYTES), or a numpy array of the declared datatype."""
 
 
-@dataclass(frozen=True, slots=True)
-class InferRequest:
+class InferRequest(NamedTuple):
+    """An infer request as both protocols carry it, checked (`infer_request`). It and the
+    records below are named tuples: built on every request, and a frozen dataclass's
+    __init__ costs several times a tuple's."""
+
     id: str | None
     inputs: dict[str, InputValues]
     binary_outputs: dict[str, bool]
@@ -51,12 +53,11 @@ class InferRequest:
     parameters: dict[str, Any]
     """The request's `parameters`: the protocol's own (`timeout`, `binary_data_output`) and
     the model's options (`top_k`, `threshold`, `k`...), which the model reads."""
-    classifications: dict[str, int] = field(default_factory=dict)
+    classifications: dict[str, int]
     """Outputs asked for as Triton's classification extension: name -> how many classes."""
 
 
-@dataclass(frozen=True, slots=True)
-class OutputTensor:
+class OutputTensor(NamedTuple):
     """One output as the response carries it."""
 
     name: str
@@ -82,9 +83,7 @@ class InferAnswer(NamedTuple):
 
 
 class TensorPart(NamedTuple):
-    """One input tensor as a codec read it off the wire, not yet checked against the model.
-    (The request's parts and answer are named tuples: built on every request, and a frozen
-    dataclass's __init__ costs several times a tuple's.)"""
+    """One input tensor as a codec read it off the wire, not yet checked against the model."""
 
     name: object
     datatype: object
@@ -127,8 +126,8 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
         if spec.name in inputs:
             raise InvalidInput(f"inputs[{i}]: input '{spec.name}' is given twice")
         inputs[spec.name] = values
-    missing = sorted({spec.name for spec in config.inputs} - set(inputs))
-    if missing:
+    if len(inputs) != len(config.inputs):  # each is one of the model's, none twice
+        missing = sorted({spec.name for spec in config.inputs} - set(inputs))
         raise InvalidInput(f"model '{config.name}' needs input(s) {', '.join(missing)}")
     wanted: dict[str, bool] = {}
     classifications: dict[str, int] = {}
@@ -151,13 +150,12 @@ def server_metadata() -> dict[str, object]:
 
 def input_spec(name: object, i: int, config: ModelConfig) -> TensorSpec:
     """The model's input that `inputs[i]` names."""
-    spec = next((s for s in config.inputs if s.name == name), None) \
-        if isinstance(name, str) else None
-    if spec is None:
-        raise InvalidInput(f"inputs[{i}]: model '{config.name}' has no input "
-                           f"{str(name)[:80]!r}; its inputs are "
-                           f"{', '.join(s.name for s in config.inputs)}")
-    return spec
+    for spec in config.inputs:  # a loop, not next(generator): this runs on every request
+        if spec.name == name:
+            return spec
+    raise InvalidInput(f"inputs[{i}]: model '{config.name}' has no input "
+                       f"{str(name)[:80]!r}; its inputs are "
+                       f"{', '.join(s.name for s in config.inputs)}")
 
 
 def check_tensor(spec: TensorSpec, datatype: object, shape: object, config: ModelConfig,
@@ -280,8 +278,8 @@ def output_tensors(config: ModelConfig, request: InferRequest,
             labels = config.labels(math.prod(array.shape[1:]))
             tensors.append(OutputTensor(name, "BYTES", top_classes(array, count, labels), binary))
         else:
-            spec = next(s for s in config.outputs if s.name == name)
-            tensors.append(OutputTensor(name, spec.datatype, array, binary))
+            datatype = next(s.datatype for s in config.outputs if s.name == name)
+            tensors.append(OutputTensor(name, datatype, array, binary))
     return tensors
 
 

@@ -83,7 +83,8 @@ def _tensor_parts(raw_inputs: list[Any], binary: memoryview) -> list[TensorPart]
         if not isinstance(raw, dict):
             raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype and "
                                "data")
-        size = _parameters(raw.get("parameters"), f"inputs[{i}].parameters") \
+        given = raw.get("parameters")
+        size = None if given is None else _parameters(given, f"inputs[{i}].parameters") \
             .get("binary_data_size")
         chunk = None
         if size is not None:
