@@ -20,7 +20,6 @@ import orjson
 
 from queryserve.errors import InvalidInput, NotFound, QueryServeError
 from queryserve.model import AnyModel, Model
-from queryserve.repository import shown
 from queryserve.server.http import Response
 from queryserve.server.state import ServerState
 
@@ -91,11 +90,11 @@ def find_model(state: ServerState, name: str) -> AnyModel:
     model not loaded now stays a 503."""
     try:
         return state.model(name)
-    except (NotFound, InvalidInput) as exc:  # InvalidInput: not even a model name
-        message = exc.message if isinstance(exc, NotFound) else (
-            f"unknown model '{shown(name)}'; this server has: "
-            f"{', '.join(state.served_models()) or 'no models'}")
-        raise DetailedError(NotFound(message), param="model", code="model_not_found") from None
+    except NotFound as exc:
+        raise DetailedError(exc, param="model", code="model_not_found") from None
+    except InvalidInput:  # not even a model name
+        raise DetailedError(state.unknown_model(name), param="model",
+                            code="model_not_found") from None
 
 
 def model_for(state: ServerState, body: dict[str, Any], kind: type[T], route: str,

@@ -159,8 +159,12 @@ class ServerState:
         target = self.aliases.get(name, name)
         if target in self.repository.models or self.repository.exists(target):
             return target
-        raise NotFound(f"unknown model '{shown(name)}'; this server has: "
-                       f"{', '.join(self.served_models()) or 'no models'}")
+        raise self.unknown_model(name)
+
+    def unknown_model(self, name: str) -> NotFound:
+        """The 404 for a name the server does not serve, listing the names it does."""
+        return NotFound(f"unknown model '{shown(name)}'; this server has: "
+                        f"{', '.join(self.served_models()) or 'no models'}")
 
     def served_models(self) -> dict[str, AnyModel]:
         """Every name a client may call a loaded model by, sorted: the models' own names and

@@ -51,6 +51,7 @@ import numpy as np
 
 from queryserve.api import Correction, correction, normalized
 from queryserve.backends.noisy_channel.channel import NoisyChannel
+from queryserve.errors import ConfigError
 from queryserve.types import Array
 
 RERANKER_FILE = "reranker.json"
@@ -133,14 +134,10 @@ class RerankerWeights:
     def load(cls, path: Path) -> RerankerWeights:
         raw = json.loads(path.read_text())
         if tuple(raw.pop("features")) != FEATURES:
-            from queryserve.errors import ConfigError
-
             raise ConfigError(f"{path} was fitted on other features than this version "
                               "computes; fit it again with `queryserve train spell-hybrid`")
         gate = raw.get("gate")
         if gate is not None and (not isinstance(gate, dict) or set(gate) != GATE_FIELDS):
-            from queryserve.errors import ConfigError
-
             raise ConfigError(f"{path}: 'gate' must hold {', '.join(sorted(GATE_FIELDS))}; "
                               "fit it again with `queryserve train spell-hybrid`")
         return cls(**raw)
