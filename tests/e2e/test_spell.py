@@ -432,6 +432,23 @@ def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: R
     assert "text2text and spelling models only" in wrong.json()["error"]
 
 
+def test_hybrid_answers_queries_at_the_seq2seq_position_limit(real_server: RunningServer
+                                                              ) -> None:
+    """The seq2seq reads 128 positions and scores a candidate's end token one past it: a
+    125-character query whose candidate is a character longer (a space put in) got a 500
+    from CTranslate2 ("no position encodings") before its length was checked that way.
+    Queries of 118 to 130 characters around the limit, each answered."""
+    tail = "sony turntable taylorswift shake it off"
+    queries = [("play some music by " * 8)[:n - len(tail) - 1] + " " + tail
+               for n in range(118, 131)]
+    answer = httpx.post(f"{real_server.url}/v1/spell", timeout=60,
+                        json={"queries": queries, "model": "spell-hybrid"})
+    assert answer.status_code == 200, answer.text
+    corrections = answer.json()["corrections"]
+    assert len(corrections) == len(queries)
+    assert all(0.0 <= c["score"] <= 1.0 and c["corrected"] for c in corrections)
+
+
 def test_a_query_past_the_word_limit_is_refused_by_spell_and_searched_as_typed(
         real_server: RunningServer) -> None:
     """One pasted page must not hold the single-instance corrector for seconds."""

@@ -188,9 +188,11 @@ class Seq2SeqScorer:
         """(log P(candidate | query), tokens scored) for each (query, candidate); None where
         either is longer than the model's positions (`MAX_TOKENS`)."""
         sources = self._tokens([query for query, _ in pairs])
-        # The target without its end token (CTranslate2 puts the decoder's start token first).
+        # The target without its end token (CTranslate2 puts the decoder's start token first),
+        # and it scores that end token too, one position past the target's: a target of
+        # MAX_TOKENS tokens raised "no position encodings" (a 500 for a 125-character query).
         targets = [tokens[:-1] for tokens in self._tokens([c for _, c in pairs])]
-        fits = [len(a) <= MAX_TOKENS and len(b) <= MAX_TOKENS
+        fits = [len(a) <= MAX_TOKENS and len(b) < MAX_TOKENS
                 for a, b in zip(sources, targets, strict=True)]
         results = iter(self.translator.score_batch(
             [a for a, ok in zip(sources, fits, strict=True) if ok],
