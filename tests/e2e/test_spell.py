@@ -368,15 +368,18 @@ def test_hybrid_is_trained_and_served_as_it_corrects_in_process(
 def test_eval_spell_scores_both_sets_against_symspellpy(served_folder: Path,
                                                        channel_folder: Path, data: Path,
                                                        tmp_path: Path) -> None:
-    scores_file = tmp_path / "scores.json"
+    scores_file, curves = tmp_path / "scores.json", tmp_path / "curves.png"
     result = subprocess.run(
         [sys.executable, "-m", "queryserve", "eval", "spell", str(channel_folder),
          str(served_folder), "--data", str(data), "--size", "30", "--min-score", "0.9",
-         "--json", str(scores_file)], capture_output=True, text=True, timeout=600)
+         "--json", str(scores_file), "--curves", str(curves)],
+        capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     for words in ("symspellpy", "seq2seq", "hard set", "realistic set", "1 edit", "2 edits",
-                  "noise seeds 0, 1, 2"):
+                  "noise seeds 0, 1, 2", "at equal false corrections", "at 1.0%"):
         assert words in result.stdout, words
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"curves: {curves}" in result.stdout
     scores = {s["corrector"]: s for s in json.loads(scores_file.read_text())}
     # No search/pipeline.yaml beside the models: the pipeline's default threshold, 0.5.
     assert list(scores) == ["channel", "seq2seq", "channel, score >= 0.5",
@@ -405,6 +408,12 @@ def test_eval_spell_on_a_folder_that_is_not_served_says_so(tmp_path: Path) -> No
     result = subprocess.run([sys.executable, "-m", "queryserve", "eval", "spell",
                              str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "no model.yaml" in result.stderr
+    assert "Traceback" not in result.stderr
+    # A plot with nowhere to go is refused before minutes of answers, not after.
+    result = subprocess.run([sys.executable, "-m", "queryserve", "eval", "spell",
+                             str(tmp_path), "--curves", str(tmp_path / "no" / "curves.png")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
 
 

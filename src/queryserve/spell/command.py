@@ -106,6 +106,11 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     spell.add_argument("--no-progress", dest="progress", action="store_false",
                        help="no progress bar")
     spell.add_argument("--json", type=Path, help="also write the scores here")
+    spell.add_argument("--curves", type=Path, metavar="PNG",
+                       help="also sweep each model's threshold from 0 to 1: print its accuracy "
+                            "at 0.5%%, 1%% and 2%% false corrections, plot accuracy against "
+                            "false corrections here (dots at the thresholds scored) and write "
+                            "the points beside it (.json)")
 
 
 def served_min_score(model: Path) -> float:
@@ -125,9 +130,12 @@ def run_eval_command(args: argparse.Namespace) -> None:
     import sys
     from functools import partial
 
+    from queryserve.errors import ConfigError
     from queryserve.progress import progress_bar
     from queryserve.spell.baseline import SymSpellPy
     from queryserve.spell.corrector import Corrector, open_corrector
+    from queryserve.spell.curves import THRESHOLDS, Curve, plot, print_rates, sweep
+    from queryserve.spell.curves import to_json as curves_json
     from queryserve.spell.data import (
         dictionary_texts,
         load_catalog,
@@ -138,6 +146,8 @@ def run_eval_command(args: argparse.Namespace) -> None:
     from queryserve.spell.report import print_tables
     from queryserve.spell.scoring import Score, answer, at_min_score, score
 
+    if args.curves is not None and not args.curves.parent.is_dir():
+        raise ConfigError(f"--curves {args.curves}: folder {args.curves.parent} does not exist")
     check_data(args.data)
     correctors: list[Corrector] = [open_corrector(folder) for folder in args.models]
     sets = SpellSets.build(args.data, args.size, args.seed, args.seeds or SEEDS)
@@ -147,6 +157,7 @@ def run_eval_command(args: argparse.Namespace) -> None:
     texts = sets.texts()
     scores: list[Score] = []
     thresholded: list[Score] = []
+    curves: list[Curve] = []
     with progress_bar(args.progress and sys.stdout.isatty()) as display:
         for corrector in correctors:
             task = display.add_task(corrector.name, total=len(texts), status="")
@@ -154,8 +165,15 @@ def run_eval_command(args: argparse.Namespace) -> None:
             scores.append(score(answers, sets))
             if corrector.name != SymSpellPy.name:  # its answers carry no score
                 thresholded += [score(at_min_score(answers, m), sets, m) for m in min_scores]
+                if args.curves is not None:
+                    curves.append(sweep(answers, sets, sorted({*THRESHOLDS, *min_scores})))
     scores = [*scores[:-1], *thresholded, scores[-1]]
     print_tables(scores, sets)
+    if args.curves is not None:
+        print_rates(curves, scores[-1:])
+        print(f"curves: {plot(curves, scores[-1:], min_scores, args.curves)}")
+        args.curves.with_suffix(".json").write_text(
+            json.dumps(curves_json(curves, scores[-1:]), indent=1) + "\n")
     if args.json:
         args.json.write_text(json.dumps([s.to_json() for s in scores], indent=2) + "\n")
 
