@@ -18,7 +18,12 @@ alone, so a threshold changes fewer queries than before: 0.8 gave 0.97% false co
 the development split where it gave 1.58%, and about 0.82 gives 0.8%.
 Features of how common the typed words are (catalog, dictionary and web counts, words nothing
 knows, catalog words a candidate brings in) were tried with it and not kept: on the
-development split they helped at 1.0-1.5% false corrections and not at 0.8% or below.
+development split they helped at 1.0-1.5% false corrections and not at 0.8% or below. Nor
+were, on 2026-11-28: the seq2seq's beam of 4 and phonetic mates (`sources`) as candidates,
+features of what a candidate changes (only a space or punctuation; typed words the catalog
+knows), or a third network on the proposed correction; on `eval spell`'s sets none moved the
+accuracy at <= 1% false corrections by more than the fit's seed alone does (1-3 points;
+BENCHMARKS.md, "measured separately").
 
 Where the channel is sure the words are right as typed (posterior >= `SURE`), the seq2seq is
 not run and the channel's posterior is the score: most correctly typed queries take that path,

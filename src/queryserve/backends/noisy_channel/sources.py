@@ -10,6 +10,10 @@ would raise the ceiling of the channel's k best on the development split before 
   lexicon words ("shakeitoff" -> "shake it off", "wal mart" -> "walmart", "taylo rswift");
 - `Seq2SeqBeam`: the seq2seq corrector's n best (beam 4), which reads the whole query at once.
 
+None is served: given to the hybrid's network as more candidates, the beam and the phonetic
+mates raised neither the share it gets right with no threshold nor that at <= 1.5% false
+corrections, on the development split (BENCHMARKS.md, "measured separately", 2026-11-28).
+
 Every source proposes alternatives only, never the words as typed: whatever re-ranks the union
 keeps the typed query as a candidate anyway. The word sources substitute into the words given,
 and, where `onto` has as many words (the channel's best answer), into those too, so that a
