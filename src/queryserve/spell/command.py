@@ -146,8 +146,9 @@ def run_eval_command(args: argparse.Namespace) -> None:
     from queryserve.spell.report import print_tables
     from queryserve.spell.scoring import Score, answer, at_min_score, score
 
-    if args.curves is not None and not args.curves.parent.is_dir():
-        raise ConfigError(f"--curves {args.curves}: folder {args.curves.parent} does not exist")
+    if args.curves is not None and (args.curves.is_dir() or not args.curves.parent.is_dir()):
+        raise ConfigError(f"--curves {args.curves}: a PNG file's path is needed, in a folder "
+                          "that exists")
     check_data(args.data)
     correctors: list[Corrector] = [open_corrector(folder) for folder in args.models]
     sets = SpellSets.build(args.data, args.size, args.seed, args.seeds or SEEDS)
