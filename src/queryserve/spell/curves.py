@@ -24,6 +24,7 @@ THRESHOLDS = tuple(i / 100 for i in range(101))
 RATES = (0.005, 0.01, 0.02)
 """The false-correction rates `print_rates` reads each curve at."""
 SETS = ("hard", "realistic")
+KEYS = (*SETS, "words")  # what a curve reads at a rate
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class Curve:
                 return y0 + (y1 - y0) * (rate - x0) / (x1 - x0)
         return envelope[-1][1]  # past the rate of no threshold: what the corrector does
 
+    def at_rates(self) -> dict[float, tuple[float | None, ...]]:
+        """(hard, realistic, words) at each of `RATES`."""
+        return {rate: tuple(self.at(rate, key) for key in KEYS) for rate in RATES}
+
 
 def sweep(answers: Answers, sets: SpellSets, thresholds: Sequence[float] = THRESHOLDS) -> Curve:
     """The corrector's point at each threshold, from answers given once."""
@@ -73,8 +78,8 @@ def to_json(curves: Sequence[Curve], fixed: Sequence[Score]) -> dict[str, Any]:
     that low), for `--curves`'s JSON beside the plot."""
     return {"rates": list(RATES), "correctors": [
         {"corrector": c.corrector, "points": [asdict(p) for p in c.points],
-         "at": {f"{rate:g}": {key: c.at(rate, key) for key in (*SETS, "words")}
-                for rate in RATES}}
+         "at": {f"{rate:g}": dict(zip(KEYS, values, strict=True))
+                for rate, values in c.at_rates().items()}}
         for c in [*curves, *(point(s) for s in fixed)]]}
 
 
@@ -89,16 +94,11 @@ def print_rates(curves: Sequence[Curve], fixed: Sequence[Score]) -> None:
     table.add_column("corrector", justify="right", no_wrap=True)
     for rate in RATES:
         table.add_column(f"at {rate:.1%}", justify="right")
-    for curve in curves:
-        table.add_row(curve.corrector, *[
-            " / ".join("-" if v is None else f"{v:.1%}" for v in values)
-            for values in ([curve.at(rate, key) for key in (*SETS, "words")]
-                           for rate in RATES)])
-    for s in fixed:
-        table.add_row(f"{s.corrector} (no score: {s.false_corrections.share:.1%})",
-                      *[" / ".join("-" if v is None else f"{v:.1%}" for v in values)
-                        for values in ([point(s).at(rate, key) for key in (*SETS, "words")]
-                                       for rate in RATES)])
+    rows = [(c.corrector, c) for c in curves] + [
+        (f"{s.corrector} (no score: {s.false_corrections.share:.1%})", point(s)) for s in fixed]
+    for name, curve in rows:
+        table.add_row(name, *[" / ".join("-" if v is None else f"{v:.1%}" for v in values)
+                              for values in curve.at_rates().values()])
     Console().print(table)
 
 
@@ -135,9 +135,8 @@ def plot(curves: Sequence[Curve], fixed: Sequence[Score], marked: Sequence[float
                             textcoords="offset points", xytext=(4, -10), fontsize=7,
                             color=colour)
         for j, s in enumerate(fixed):
-            set_score = s.hard if name == "hard" else s.realistic
             ax.scatter([100 * s.false_corrections.share],
-                       [100 * set_score.query_accuracy.share], marker="x", s=40,
+                       [100 * getattr(s, name).query_accuracy.share], marker="x", s=40,
                        color=f"C{len(curves) + j}", label=s.corrector, zorder=3)
         ax.axvline(1.0, color="#9a9a9a", linestyle="--", linewidth=1)
         # Linear to 1% (where the choice is made), logarithmic past it (symspellpy's 10%+).

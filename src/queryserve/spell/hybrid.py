@@ -33,6 +33,7 @@ from queryserve.backends.noisy_channel.channel import NoisyChannel
 from queryserve.backends.noisy_channel.noise import NoiseModel
 from queryserve.backends.noisy_channel.rerank import (
     FEATURES,
+    GATE_FIELDS,
     RERANKER_FILE,
     SEQ2SEQ_FOLDER,
     Candidates,
@@ -196,9 +197,8 @@ def fit_reranker(development_seq2seq: Path, data: Path = DATA,
 
     def fitted(part: Sequence[Example]) -> RerankerWeights:
         gate = fit_network(*as_typed(part))
-        return replace(fit_network(*labelled(part)), channel_sure=CHANNEL_SURE, gate={
-            f: getattr(gate, f) for f in ("mean", "scale", "hidden", "hidden_bias", "out",
-                                          "out_bias")})
+        return replace(fit_network(*labelled(part)), channel_sure=CHANNEL_SURE,
+                       gate={f: getattr(gate, f) for f in GATE_FIELDS})
 
     def labelled(part: Sequence[Example]) -> tuple[Array, Array]:
         """Each candidate's features and whether it is meant, where the network is asked."""

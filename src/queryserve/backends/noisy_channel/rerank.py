@@ -73,7 +73,7 @@ FEATURES = (
     "as typed: channel log posterior", "as typed: seq2seq log probability",
     "as typed: seq2seq log probability per token", "typed words",
     "channel log posterior - as typed", "seq2seq log probability - as typed")
-GATE_FIELDS = frozenset({"mean", "scale", "hidden", "hidden_bias", "out", "out_bias"})
+GATE_FIELDS = ("mean", "scale", "hidden", "hidden_bias", "out", "out_bias")
 """A `gate`'s fields in reranker.json: the second network, as `RerankerWeights` holds the
 first."""
 _FLOOR = math.log(1e-30)  # the log posterior of a candidate the channel cannot align
@@ -142,8 +142,8 @@ class RerankerWeights:
             raise ConfigError(f"{path} was fitted on other features than this version "
                               "computes; fit it again with `queryserve train spell-hybrid`")
         gate = raw.get("gate")
-        if gate is not None and (not isinstance(gate, dict) or set(gate) != GATE_FIELDS):
-            raise ConfigError(f"{path}: 'gate' must hold {', '.join(sorted(GATE_FIELDS))}; "
+        if gate is not None and (not isinstance(gate, dict) or set(gate) != set(GATE_FIELDS)):
+            raise ConfigError(f"{path}: 'gate' must hold {', '.join(GATE_FIELDS)}; "
                               "fit it again with `queryserve train spell-hybrid`")
         return cls(**raw)
 
