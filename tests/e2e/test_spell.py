@@ -114,6 +114,67 @@ def test_examples_written_by_workers_train_the_same_recipe(
     assert "PyTorch sees no CUDA GPU" in capsys.readouterr().err
 
 
+def test_copy_examples_put_a_web_word_the_catalog_lacks_into_a_query_and_keep_it(
+        tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 43, item 3: a seq2seq that copies names it does not know, for the hybrid.
+    import random
+
+    from queryserve.backends.noisy_channel.noise import NoiseModel
+    from queryserve.spell.data import load_catalog, load_misspellings
+    from queryserve.spell.train import Examples, Recipe, rare_words
+
+    catalog, misspellings = load_catalog(data), load_misspellings(data)
+    typos = {typed for typed, _ in misspellings.train}
+    rare = rare_words(catalog.train, misspellings.lexicon, typos)
+    known = {w for q in [*catalog.train, *misspellings.lexicon] for w in q.split()}
+    assert len(rare) > 1000 and not (set(rare) & (known | typos))
+    noise = NoiseModel.learn(misspellings.train)
+    copying = Examples(catalog.train, misspellings.lexicon, noise,
+                       Recipe(word_share=0.0, clean_share=0.0, copy_share=1.0),
+                       random.Random(0), rare)
+    for typed, meant in (copying.one() for _ in range(200)):
+        assert typed == meant
+        assert sum(w not in known for w in typed.split()) >= 1
+        assert typed not in catalog.train
+    # The committed recipe (copy_share 0) draws the stream it drew before the option existed.
+    before = Examples(catalog.train, misspellings.lexicon, noise, Recipe(), random.Random(1))
+    after = Examples(catalog.train, misspellings.lexicon, noise, Recipe(), random.Random(1),
+                     rare)
+    assert [before.one() for _ in range(300)] == [after.one() for _ in range(300)]
+
+    out = tmp_path / "copying"
+    assert cli.main(["train", "spell", str(out), "--data", str(data), "--max-steps", "2",
+                     "--copy-share", "0.3", *TINY]) == 0
+    assert json.loads((out / "TRAINING.json").read_text())["recipe"]["copy_share"] == 0.3
+    # With the default word and clean shares (0.45), more leaves no misspelled queries.
+    assert cli.main(["train", "spell", str(tmp_path / "all"), "--data", str(data),
+                     "--copy-share", "0.6", *TINY]) == 1
+    assert "leaves no misspelled queries to learn from: at most 0.55" in \
+        capsys.readouterr().err
+
+
+def test_the_gpu_script_trains_the_development_and_served_models_side_by_side(
+        tmp_path: Path, data: Path) -> None:
+    # scripts/train-spell-gpu.sh as a GPU session runs it, here on the CPU for two steps.
+    import os
+
+    out = tmp_path / "gpu"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "train-spell-gpu.sh"), str(out), "--device", "cpu",
+         "--workers", "0", "--max-steps", "2", "--copy-share", "0.2", "--data", str(data),
+         *TINY], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr + (out / "served.log").read_text()
+    records = {run: json.loads((out / run / "TRAINING.json").read_text())
+               for run in ("development", "served")}
+    assert {run: (r["recipe"]["development"], r["recipe"]["copy_share"], r["steps"])
+            for run, r in records.items()} == {"development": (True, 0.2, 2),
+                                               "served": (False, 0.2, 2)}
+    assert not list(out.glob("*/checkpoint.pt"))
+    assert subprocess.run(["bash", str(ROOT / "scripts" / "train-spell-gpu.sh")],
+                          capture_output=True).returncode == 2
+
+
 def test_resume_without_a_checkpoint_is_refused(tmp_path: Path, data: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["train", "spell", str(tmp_path / "none"), "--data", str(data),
@@ -312,6 +373,17 @@ def test_hybrid_is_trained_and_served_as_it_corrects_in_process(
                    if t != typed)
         every = hybrid.channel.k_best(words, 3, also=[typed])
         assert len(found.texts) == sum(p >= UNLIKELY or t == typed for t, p in every)
+    # More pairs than one CTranslate2 batch (`SCORE_BATCH`), of mixed lengths: it sorts them
+    # by length, and each score still comes back beside its own pair.
+    from queryserve.backends.noisy_channel.rerank import SCORE_BATCH
+
+    pairs = [(q, c) for q in [*QUERIES, "a", ("play " * 12).strip()] for c in (q, q + "s")]
+    assert len(pairs) > SCORE_BATCH
+    together = hybrid.scorer.log_probs(pairs)
+    alone_scores = [hybrid.scorer.log_probs([p])[0] for p in pairs]
+    assert [t[1] for t in together] == [a[1] for a in alone_scores]
+    assert [t[0] for t in together] == pytest.approx(
+        [a[0] for a in alone_scores], rel=0.02)
     # A correction the channel is sure of is not scored, and its answer and posterior stand:
     # with channel_sure 0 that is every correction the channel proposes.
     trusting = HybridCorrector(hybrid.channel, hybrid.scorer,

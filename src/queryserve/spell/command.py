@@ -42,6 +42,11 @@ def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
                             "beside a GPU)")
     spell.add_argument("--data", type=Path, default=DATA,
                        help="the repository's data folder (default: %(default)s)")
+    spell.add_argument("--copy-share", type=probability, default=0.0,
+                       help="share of examples that are a training query with one word "
+                            "swapped for a web word it does not know (a name, a brand), to "
+                            "copy unchanged: a seq2seq for the hybrid to score with "
+                            "(default: %(default)s, as the committed models)")
     spell.add_argument("--development", action="store_true",
                        help="train on the development split's training side only: the model "
                             "`queryserve train spell-hybrid --development-seq2seq` takes")
@@ -203,7 +208,8 @@ def run_spell_train_command(args: argparse.Namespace) -> None:
     recipe = Recipe(minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
                     learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
                     bf16=not args.fp32, seed=args.seed, device=args.device,
-                    workers=args.workers, development=args.development)
+                    workers=args.workers, development=args.development,
+                    copy_share=args.copy_share)
     record = train_spell(args.out, recipe, shape, args.data, resume=args.resume)
     print(json.dumps(record, indent=2))
 

@@ -29,7 +29,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,11 @@ class Recipe:
     checkpoint_minutes: float = 5.0
     clean_share: float = 0.3  # examples that must come back unchanged
     word_share: float = 0.15  # single dictionary words, misspelled
+    copy_share: float = 0.0
+    """Queries with one word swapped for a word of web text the catalog and the dictionary do
+    not hold (`rare_words`: names, brands, rare words), to come back unchanged: a seq2seq
+    that copies what it does not know, for the hybrid to score with (issue 43, item 3). 0 in
+    the committed models, whose streams stay as they were."""
     device: str = "auto"
     workers: int | None = None  # processes writing examples: none on a CPU, 8 beside a GPU
     development: bool = False
@@ -132,13 +137,30 @@ def save_tokenizer(tokenizer: Any, out: Path) -> None:
         tokenizer_object=tokenizer, **specials).save_pretrained(str(out))
 
 
+RARE_MIN_ZIPF = 2.0
+"""`rare_words` are used at least 100 times per billion words of web text: 74 k of them for
+the whole training split; below that the list holds typos of its own ("hpw", "takee")."""
+
+
+def rare_words(queries: Sequence[str], lexicon: Sequence[str],
+               typos: Iterable[str]) -> list[str]:
+    """Words of web text (`load_web_words`) that no training query and no dictionary word
+    holds, nor a known misspelling: what a copy example puts into a query."""
+    from queryserve.spell.data import load_web_words
+
+    known = {word for text in [*queries, *lexicon] for word in text.split()} | set(typos)
+    return sorted(word for word in load_web_words(RARE_MIN_ZIPF)
+                  if len(word) >= 3 and word.isascii() and word.isalpha()
+                  and word not in known)
+
+
 class Examples:
     """(typed, meant) pairs drawn with `rng`."""
 
     def __init__(self, queries: Sequence[str], lexicon: Sequence[str], noise: NoiseModel,
-                 recipe: Recipe, rng: random.Random) -> None:
-        self.queries, self.lexicon, self.noise, self.recipe, self.rng = \
-            queries, lexicon, noise, recipe, rng
+                 recipe: Recipe, rng: random.Random, rare: Sequence[str] = ()) -> None:
+        self.queries, self.lexicon, self.noise, self.recipe, self.rng, self.rare = \
+            queries, lexicon, noise, recipe, rng, rare
 
     def one(self) -> tuple[str, str]:
         draw = self.rng.random()
@@ -149,6 +171,11 @@ class Examples:
         query = self.rng.choice(self.queries)
         if draw < self.recipe.word_share + self.recipe.clean_share:
             return query, query
+        if draw < self.recipe.word_share + self.recipe.clean_share + self.recipe.copy_share:
+            swapped = query.split()
+            swapped[self.rng.randrange(len(swapped))] = self.rng.choice(self.rare)
+            copied = " ".join(swapped)
+            return copied, copied
         words = 2 if len(query.split()) >= 5 and self.rng.random() < 0.25 else 1
         return self.noise.corrupt_query(query, self.rng, words=words), query
 
@@ -161,16 +188,19 @@ class Pools:
     order and a resumed run goes on at the pool where it stopped."""
 
     def __init__(self, queries: Sequence[str], lexicon: Sequence[str], noise: NoiseModel,
-                 recipe: Recipe, tokenizer: Any, bucket: int = 8) -> None:
+                 recipe: Recipe, tokenizer: Any, bucket: int = 8,
+                 rare: Sequence[str] = ()) -> None:
         self.queries, self.lexicon, self.noise, self.recipe, self.tokenizer, self.bucket = \
             queries, lexicon, noise, recipe, tokenizer, bucket
+        self.rare = rare
 
     def __len__(self) -> int:
         return 2 ** 40  # endless, in practice
 
     def __getitem__(self, index: int) -> list[dict[str, Any]]:
         rng = random.Random(f"{self.recipe.seed}:{index}")
-        examples = Examples(self.queries, self.lexicon, self.noise, self.recipe, rng)
+        examples = Examples(self.queries, self.lexicon, self.noise, self.recipe, rng,
+                            self.rare)
         size = self.recipe.batch_size
         pool = sorted((examples.one() for _ in range(size * self.bucket)),
                       key=lambda p: len(p[0]))
@@ -275,6 +305,10 @@ def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
     if not resume and checkpoint.is_file():
         raise TrainingError(f"{out} already holds a training run; pass --resume to go on "
                             "with it, or choose another folder")
+    if recipe.word_share + recipe.clean_share + recipe.copy_share > 1:
+        raise TrainingError(f"a copy share of {recipe.copy_share:g} leaves no misspelled "
+                            "queries to learn from: at most "
+                            f"{1 - recipe.word_share - recipe.clean_share:g}")
     device = resolve_device(recipe.device)
     out.mkdir(parents=True, exist_ok=True)
     catalog, misspellings = (development_catalog(data), development_misspellings(data)) \
@@ -307,7 +341,9 @@ def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
     model.train()
     workers = recipe.workers if recipe.workers is not None else \
         (8 if device.type == "cuda" else 0)
-    pools = Pools(catalog.train, misspellings.lexicon, noise, recipe, tokenizer)
+    rare = rare_words(catalog.train, misspellings.lexicon,
+                      (typed for typed, _ in misspellings.train)) if recipe.copy_share else []
+    pools = Pools(catalog.train, misspellings.lexicon, noise, recipe, tokenizer, rare=rare)
     budget = recipe.minutes * 60
     started = time.monotonic() - state["seconds"]
     last_save = last_line = time.monotonic()

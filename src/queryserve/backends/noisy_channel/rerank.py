@@ -66,6 +66,10 @@ SURE = 0.999  # a channel posterior for the words as typed that needs no second 
 # on 1,000 hard-set and 1,000 clean queries, 30% fewer pairs were scored for the same accuracy
 # and false corrections (BENCHMARKS.md, "measured separately").
 UNLIKELY = 0.01
+# CTranslate2 sorts a larger batch by length and scores it in chunks of this many pairs: the
+# pairs of 32 queries in one padded batch cost 1.9-2.1 ms a pair, in chunks of 8 0.93, one
+# query's pairs alone 1.0-1.1 (int8, one thread; BENCHMARKS.md, "measured separately").
+SCORE_BATCH = 8
 FEATURES = (
     "channel log posterior", "seq2seq log probability", "seq2seq log probability per token",
     "as typed", "words changed", "outside the channel's reach",
@@ -201,8 +205,8 @@ class Seq2SeqScorer:
                 for a, b in zip(sources, targets, strict=True)]
         results = iter(self.translator.score_batch(
             [a for a, ok in zip(sources, fits, strict=True) if ok],
-            [b for b, ok in zip(targets, fits, strict=True) if ok], max_batch_size=0)
-            if any(fits) else [])
+            [b for b, ok in zip(targets, fits, strict=True) if ok],
+            max_batch_size=SCORE_BATCH) if any(fits) else [])
         scored: list[tuple[float, int] | None] = []
         for ok in fits:
             r = next(results) if ok else None
