@@ -120,8 +120,8 @@ def test_copy_examples_put_a_web_word_the_catalog_lacks_into_a_query_and_keep_it
     import random
 
     from queryserve.backends.noisy_channel.noise import NoiseModel
-    from queryserve.spell.data import load_catalog, load_misspellings
-    from queryserve.spell.train import Examples, Recipe, rare_words
+    from queryserve.spell.data import load_catalog, load_misspellings, rare_words
+    from queryserve.spell.train import Examples, Recipe
 
     catalog, misspellings = load_catalog(data), load_misspellings(data)
     typos = {typed for typed, _ in misspellings.train}

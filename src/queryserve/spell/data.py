@@ -168,6 +168,22 @@ def load_web_words(min_zipf: float) -> dict[str, float]:
             if (zipf := math.log10(frequency * 1e9)) >= min_zipf}
 
 
+RARE_MIN_ZIPF = 2.0
+"""`rare_words` are used at least 100 times per billion words of web text: 72 k of them for
+the training split; below that the list holds typos of its own ("hpw", "takee")."""
+
+
+def rare_words(queries: Iterable[str], lexicon: Iterable[str],
+               typos: Iterable[str]) -> list[str]:
+    """Words of web text (`load_web_words`) that no query and no dictionary word holds, nor a
+    known misspelling: the unseen names and rare words `train spell --copy-share` puts into
+    training queries for the seq2seq to copy."""
+    known = {word for text in [*queries, *lexicon] for word in text.split()} | set(typos)
+    return sorted(word for word in load_web_words(RARE_MIN_ZIPF)
+                  if len(word) >= 3 and word.isascii() and word.isalpha()
+                  and word not in known)
+
+
 def dictionary_texts(catalog: Catalog, misspellings: Misspellings, words: list[str]) -> list[str]:
     """Everything SymSpell's dictionary holds: the clean texts and common English words."""
     return clean_texts(catalog, misspellings) + words

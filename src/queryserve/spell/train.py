@@ -29,7 +29,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from queryserve.spell.data import (
     development_misspellings,
     load_catalog,
     load_misspellings,
+    rare_words,
 )
 from queryserve.training import resolve_device
 
@@ -139,23 +140,6 @@ def save_tokenizer(tokenizer: Any, out: Path) -> None:
         tokenizer_object=tokenizer, **specials).save_pretrained(str(out))
 
 
-RARE_MIN_ZIPF = 2.0
-"""`rare_words` are used at least 100 times per billion words of web text: 74 k of them for
-the whole training split; below that the list holds typos of its own ("hpw", "takee")."""
-
-
-def rare_words(queries: Sequence[str], lexicon: Sequence[str],
-               typos: Iterable[str]) -> list[str]:
-    """Words of web text (`load_web_words`) that no training query and no dictionary word
-    holds, nor a known misspelling: what a copy example puts into a query."""
-    from queryserve.spell.data import load_web_words
-
-    known = {word for text in [*queries, *lexicon] for word in text.split()} | set(typos)
-    return sorted(word for word in load_web_words(RARE_MIN_ZIPF)
-                  if len(word) >= 3 and word.isascii() and word.isalpha()
-                  and word not in known)
-
-
 class Examples:
     """(typed, meant) pairs drawn with `rng`."""
 
@@ -192,9 +176,8 @@ class Pools:
     def __init__(self, queries: Sequence[str], lexicon: Sequence[str], noise: NoiseModel,
                  recipe: Recipe, tokenizer: Any, bucket: int = 8,
                  rare: Sequence[str] = ()) -> None:
-        self.queries, self.lexicon, self.noise, self.recipe, self.tokenizer, self.bucket = \
-            queries, lexicon, noise, recipe, tokenizer, bucket
-        self.rare = rare
+        self.queries, self.lexicon, self.noise, self.recipe, self.tokenizer, self.bucket, \
+            self.rare = queries, lexicon, noise, recipe, tokenizer, bucket, rare
 
     def __len__(self) -> int:
         return 2 ** 40  # endless, in practice
