@@ -19,9 +19,10 @@
 #   ARGS          given to every run last (a quick try: --device cpu --limit 40)
 # environment: TEACHER_MINUTES (3.5) and STUDENT_MINUTES (3) are each run's budget, its
 # learning rate decaying over it; SEEDS ("1 2 3 4") the teachers', odd seeds at a learning
-# rate of 3e-5 and even at 5e-5; STUDENT_SEEDS ("0 1"); PYTHON (python3).
+# rate of 3e-5 and even at 5e-5; STUDENT_SEEDS ("0 1"); NEIGHBOURS (4), the unlabelled partners
+# per product the students learn the teachers' mean on; PYTHON (python3).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '9,22p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '9,23p' "$0"; exit 2; }
 teacher_init=$1 student_init=$2 out=$3
 shift 3
 extra=("$@")
@@ -62,7 +63,7 @@ students=()
 for seed in ${STUDENT_SEEDS:-0 1}; do
     train "$out/student-$seed" "$out/student-$seed.log" --init "$student_init" \
         --learning-rate 5e-5 --minutes "${STUDENT_MINUTES:-3}" --seed "$seed" \
-        --neighbours 4 "${taught[@]}"
+        --neighbours "${NEIGHBOURS:-4}" "${taught[@]}"
     students+=("$out/student-$seed")
 done
 finish "${students[@]}"

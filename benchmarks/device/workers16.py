@@ -11,7 +11,11 @@ Environment (defaults for a 16-core machine):
   DEADLINE_S=185     seconds from start after which nothing runs
   PLAN="fake:1,4,8,14 embed:1,8,14"
                      model:N,N,... in priority order; "fake-c64:14" would open 64 connections
-                     up front instead of bench's 4
+                     up front instead of bench's 4; "inproc:1,14" is the in-process ceiling
+                     (N processes x 1 ONNX Runtime thread running the served embed variant,
+                     batch 1, tokenization included, no server: section 13's measure) on the
+                     server's cores
+  INPROC_S=5         seconds each in-process run measures
   CLIENT_CORES=2     cores kept for the load generator (0: share all cores with the server)
   DURATION=0.75 WARMUP=0.25 DRAIN_S=0.5 STATS_TIMEOUT_S=1   seconds per search step
   START_FAKE=2000 START_EMBED=1000 MAX_RATE=200000
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import lzma
+import multiprocessing
 import os
 import platform
 import shutil
@@ -55,6 +60,7 @@ START = {"fake": float(os.environ.get("START_FAKE", "2000")),
          "embed": float(os.environ.get("START_EMBED", "1000"))}
 MAX_RATE = os.environ.get("MAX_RATE", "200000")
 MIN_RUN_S = float(os.environ.get("MIN_RUN_S", "15"))  # no run starts with less time left
+INPROC_S = float(os.environ.get("INPROC_S", "5"))
 PY = sys.executable
 sys.path.insert(0, str(ROOT / "src"))
 from queryserve.bench.server_process import (  # noqa: E402
@@ -257,6 +263,47 @@ def one_run(model: str, workers: int, connections: int, figures: dict[str, Any])
     write(figures)
 
 
+def in_process(processes: int, figures: dict[str, Any]) -> None:
+    """Queries/s of `processes` processes side by side on the server's cores, each one ONNX
+    Runtime thread over the served model, summed: the ceiling the workers are judged against."""
+    run: dict[str, Any] = {"model": "inproc", "processes": processes, "seconds": INPROC_S}
+    figures["runs"].append(run)
+    if left() < INPROC_S + 10:
+        run["skipped"] = f"{left():.0f} s left"
+        return
+    folder = repository("embed", len(SERVER_CPUS)) / "embed"
+    context = multiprocessing.get_context("spawn")
+    start, rates = context.Barrier(processes), context.Queue()
+    runs = [context.Process(target=_in_process_one, args=(folder, start, INPROC_S, rates))
+            for _ in range(processes)]
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, SERVER_CPUS)  # the children inherit the server's cores
+    try:
+        for proc in runs:
+            proc.start()
+    finally:
+        os.sched_setaffinity(0, mask)
+    each = [float(rates.get(timeout=120)) for _ in runs]
+    for proc in runs:
+        proc.join()
+    run["rate"] = round(sum(each), 1)
+    run["each_min_max"] = [round(min(each), 1), round(max(each), 1)]
+    log(f"inproc-{processes}: {run['rate']:,.1f} queries/s")
+    write(figures)
+
+
+def _in_process_one(folder: Path, start: Any, seconds: float, rates: Any) -> None:
+    from queryserve.optimize.candidates import engine
+    from queryserve.optimize.plan import rate_of
+
+    run = engine(folder / "model.onnx", folder / "tokenizer.json", threads=1)
+    queries = [json.loads(line)["text"] for line in
+               (HERE / "queries.jsonl").read_text().splitlines() if line][:512]
+    rate_of(run, queries[:64], 1, 0.5)  # warm-up
+    start.wait()  # all processes measure at once
+    rates.put(rate_of(run, queries, 1, seconds))
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(WORK, ignore_errors=True)
@@ -280,6 +327,10 @@ def main() -> None:
     try:
         for item in PLAN.split():
             model, _, counts = item.partition(":")
+            if model == "inproc":
+                for n in counts.split(","):
+                    in_process(int(n), figures)
+                continue
             connections = 4
             if "-c" in model:
                 model, _, more = model.partition("-c")
