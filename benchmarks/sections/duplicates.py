@@ -206,6 +206,11 @@ def render(report: dict[str, Any]) -> list[str]:
             f"chose epoch {teacher.get('best_epoch')} (TRAINING.json `teachers`; not served) | "
             f"{f1s(teacher['test_f1'])} | {teacher['threshold']:.2f} | "
             f"{teacher['minutes']:.1f} min on a GPU, {teacher['pairs_per_second']:.0f} pairs/s |")
+    if mean := cross.get("teachers_mean"):  # what the student learns: the teachers' mean
+        lines.append(
+            f"| the {len(cross['teachers'])} teachers' mean, judged as one model (what the "
+            f"cross-encoder learnt; TRAINING.json `teachers_mean`; not served) | "
+            f"{f1s(mean['test_f1'])} | {mean['threshold']:.2f} | |")
     for model, trained, what in (("duplicates", cross, "cross-encoder"),
                                  ("duplicates-bi", finetune, "bi-encoder")):
         lines += [

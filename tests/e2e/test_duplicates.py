@@ -121,6 +121,40 @@ def test_a_student_learns_from_teachers(trained: Path, data: Path, tmp_path: Pat
     assert record["teachers"][trained.name]["best_epoch"] == taught["best_epoch"] == 1
 
 
+def test_the_teachers_targets_kept_as_a_file(trained: Path, data: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """--targets: the teachers label once and the file teaches a second student without them
+    (another machine, or students side by side); the teachers' mean is judged as one model."""
+    teachers, targets = tmp_path / "teachers", tmp_path / "targets.json"
+    shutil.copytree(trained, teachers / "t1")
+    student = ["train", "duplicates", "--method", "cross-encoder", "--data", str(data),
+               "--max-steps", "2", "--epochs", "1", "--batch-size", "8", "--device", "cpu",
+               "--no-progress", "--targets", str(targets)]
+    assert cli.main([*student[:2], str(tmp_path / "first"), *student[2:], "--teacher",
+                     str(teachers / "t1"), "--neighbours", "2"]) == 0
+    first = json.loads((tmp_path / "first" / "TRAINING.json").read_text())
+    written = json.loads(targets.read_text())
+    assert len(written["pairs"]) == first["unlabelled_pairs"] > 60
+    assert all(0 <= target <= 1 for _, _, target in written["pairs"])
+    mean = first["teachers_mean"]  # one teacher: its mean is itself, judged the same way
+    assert mean == written["teachers_mean"] and mean["test_f1"] == first["teachers"]["t1"][
+        "test_f1"]
+    # The teachers are gone; the file still teaches, and the record says what made it.
+    shutil.rmtree(teachers)
+    capsys.readouterr()
+    assert cli.main([*student[:2], str(tmp_path / "second"), *student[2:]]) == 0
+    assert "labelling" not in capsys.readouterr().err
+    second = json.loads((tmp_path / "second" / "TRAINING.json").read_text())
+    assert second["unlabelled_pairs"] == first["unlabelled_pairs"]
+    assert second["recipe"]["neighbours"] == 2 and second["recipe"]["teachers"] == []
+    assert second["teachers"] == first["teachers"] and second["teachers_mean"] == mean
+    # Refused in one line each: a file that is not there, a teacher that is no model.
+    for extra, words in ((["--targets", str(tmp_path / "none.json")], "no such file"),
+                         (["--teacher", str(tmp_path)], "not a trained cross-encoder")):
+        assert cli.main([*student[:2], str(tmp_path / "x"), *student[2:-2], *extra]) == 1
+        assert words in capsys.readouterr().err
+
+
 def test_training_writes_an_encoder_a_head_and_its_figures(trained_bi: Path) -> None:
     trained = trained_bi
     record = json.loads((trained / "TRAINING.json").read_text())

@@ -44,6 +44,12 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--neighbours", type=int, default=4,
                         help="with --teacher: each train product's nearest unlabelled "
                              "partners (default: %(default)s)")
+    parser.add_argument("--targets", type=Path, default=None, metavar="FILE",
+                        help="cross-encoder: what the teachers taught, as a file: with "
+                             "--teacher, written once they have labelled the neighbours (with "
+                             "their mean judged on the valid and test splits); without, read "
+                             "instead of running teachers, so that several students, or a "
+                             "later run on another machine, learn the same targets")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="train on this device; auto takes a CUDA GPU when PyTorch sees "
                              "one (default: %(default)s)")
@@ -76,16 +82,19 @@ def run_duplicates_train_command(args: argparse.Namespace) -> None:
 
         recipe = CrossEncoderRecipe(hints=not args.no_hints, minutes=args.minutes,
                                     teachers=tuple(str(t) for t in args.teacher),
-                                    neighbours=args.neighbours, **common)
+                                    neighbours=args.neighbours,
+                                    targets=str(args.targets) if args.targets else None,
+                                    **common)
         record = train_cross_encoder(args.out, recipe, args.data, encoder=args.init,
                                      progress=not args.no_progress)
     else:
         from queryserve.duplicates.products import DuplicatesError
         from queryserve.duplicates.train import DuplicatesRecipe, train_duplicates
 
-        if args.init is not None or args.no_hints or args.minutes is not None or args.teacher:
-            raise DuplicatesError("--init, --no-hints, --minutes and --teacher are for --method "
-                                  "cross-encoder")
+        if (args.init is not None or args.no_hints or args.minutes is not None or args.teacher
+                or args.targets is not None):
+            raise DuplicatesError("--init, --no-hints, --minutes, --teacher and --targets are for "
+                                  "--method cross-encoder")
 
         record = train_duplicates(args.out, DuplicatesRecipe(method=args.method, **common),
                                   args.data, progress=not args.no_progress)

@@ -29,11 +29,19 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from queryserve.duplicates.distil import Example, neighbour_pairs, teacher_probabilities
+from queryserve.duplicates.distil import (
+    Example,
+    Targets,
+    load_targets,
+    neighbour_pairs,
+    save_targets,
+    teacher_records,
+    teachers_mean,
+)
 from queryserve.duplicates.products import DATA, DATASETS, DuplicatesError, LabelledPair
 from queryserve.duplicates.train import Splits, evaluate, load_splits, valid_line
 from queryserve.pipelines.pairs.features import hinted
@@ -59,6 +67,7 @@ class CrossEncoderRecipe:
     hints: bool = True  # "same model", "different size"... before the pair (features.pair_hint)
     teachers: tuple[str, ...] = ()  # trained cross-encoders whose mean labels the neighbours
     neighbours: int = 4  # with teachers: each train product's k nearest unlabelled partners
+    targets: str | None = None  # what the teachers taught, as a file: written, or read instead
 
 
 def _length(pair: LabelledPair | Example) -> int:
@@ -121,36 +130,46 @@ class _CrossEncoder:
         return out
 
 
-def _examples(splits: Splits, recipe: CrossEncoderRecipe, device: Any) -> tuple[list[Example], int]:
-    """The train pairs with their labels and, with teachers, the unlabelled neighbours of
-    their products with the teachers' mean probability; and how many of those there are."""
+def _examples(splits: Splits, recipe: CrossEncoderRecipe,
+              device: Any) -> tuple[list[Example], Targets | None]:
+    """The train pairs with their labels and, with teachers or their targets, the unlabelled
+    neighbours of their products with the teachers' mean probability."""
     examples = [Example(p.left, p.right, float(p.label))
                 for d in DATASETS for p in splits["train"][d]]
+    taught = _taught(splits, recipe, device)
+    return (examples + list(taught.examples) if taught else examples), taught
+
+
+def _taught(splits: Splits, recipe: CrossEncoderRecipe, device: Any) -> Targets | None:
+    """Without teachers, what `recipe.targets` holds (or nothing); with them, their mean on the
+    neighbour pairs and on the valid and test splits, written to `recipe.targets` if named."""
     if not recipe.teachers:
-        return examples, 0
+        return load_targets(Path(recipe.targets)) if recipe.targets else None
+    records = teacher_records(recipe.teachers)  # refuses a folder that is no trained model
     unlabelled = [pair for d in DATASETS
                   for pair in neighbour_pairs(splits["train"][d], recipe.neighbours)]
     print(f"labelling {len(unlabelled):,} neighbour pairs with {len(recipe.teachers)} teachers",
           file=sys.stderr, flush=True)
+    groups = {"neighbours": [LabelledPair(left, right, 0) for left, right in unlabelled],
+              **{f"{split}:{d}": splits[split][d] for split in ("valid", "test")
+                 for d in DATASETS}}
     # The teachers read the pairs as the student will (with its hints and length).
-    targets = teacher_probabilities([Path(t) for t in recipe.teachers], unlabelled,
-                                    lambda folder: _CrossEncoder(folder, recipe, device))
-    examples += [Example(left, right, target)
-                 for (left, right), target in zip(unlabelled, targets, strict=True)]
-    return examples, len(unlabelled)
-
-
-def teacher_records(teachers: Sequence[str]) -> dict[str, Any]:
-    """What each teacher's TRAINING.json says of it, so that a student's record shows the gap
-    its distillation leaves: the encoder it started from, its best epoch, valid and test F1."""
-    records = {}
-    for teacher in teachers:
-        path = Path(teacher) / "TRAINING.json"
-        saved = json.loads(path.read_text()) if path.is_file() else {}
-        records[Path(teacher).name] = {key: saved.get(key) for key in (
-            "encoder", "recipe", "best_epoch", "threshold", "valid_f1", "test_f1",
-            "test_f1_at_dataset_thresholds", "pairs_per_second", "minutes")}
-    return records
+    mean = teachers_mean([Path(t) for t in recipe.teachers], groups,
+                         lambda folder: _CrossEncoder(folder, recipe, device))
+    valid = evaluate({d: mean[f"valid:{d}"] for d in DATASETS}, splits["valid"])
+    test = evaluate({d: mean[f"test:{d}"] for d in DATASETS}, splits["test"],
+                    valid["threshold"], valid["dataset_thresholds"])
+    taught = Targets(
+        examples=tuple(Example(left, right, target) for (left, right), target
+                       in zip(unlabelled, mean["neighbours"], strict=True)),
+        neighbours=recipe.neighbours, teachers=records,
+        mean={"threshold": valid["threshold"], "valid_f1": valid["f1"],
+              "valid_f1_all": valid["f1_all"], "dataset_thresholds": valid["dataset_thresholds"],
+              "test_f1": test["f1"],
+              "test_f1_at_dataset_thresholds": test["f1_at_dataset_thresholds"]})
+    if recipe.targets:
+        save_targets(Path(recipe.targets), taught)
+    return taught
 
 
 def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderRecipe(),
@@ -173,7 +192,10 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
     history = []
     step, pairs_seen, seconds = 0, 0, 0.0
     with progress_bar(progress) as display:
-        train, unlabelled = _examples(splits, recipe, device)
+        train, taught = _examples(splits, recipe, device)
+        unlabelled = len(taught.examples) if taught else 0
+        if taught and not recipe.teachers:  # read from --targets: record what made them
+            recipe = replace(recipe, neighbours=taught.neighbours)
         torch.manual_seed(recipe.seed)
         model = _CrossEncoder(encoder, recipe, device)
         training = time.monotonic()
@@ -258,7 +280,8 @@ def train_cross_encoder(out: Path, recipe: CrossEncoderRecipe = CrossEncoderReci
               "best_epoch": best[1], "threshold": threshold,
               "valid_f1": best[3].get("f1"), "test_f1": test["f1"],
               "dataset_thresholds": dataset_thresholds,
-              "teachers": teacher_records(recipe.teachers),
+              "teachers": taught.teachers if taught else {},
+              "teachers_mean": taught.mean if taught else None,
               "test_f1_at_dataset_thresholds": test["f1_at_dataset_thresholds"],
               "pairs_per_second": round(pairs_seen / max(seconds, 1e-9), 1),
               "minutes": round((time.monotonic() - started) / 60, 2)}

@@ -9,21 +9,29 @@ and the listings of the other table that share its rarest words), with the teach
 probability as the target. The neighbours are the pairs a blocking stage would hand the model,
 and the labelled splits hold few of them. Valid and test products are not used: the epoch and
 threshold are chosen, and the model judged, on pairs it has never seen in any form.
+
+What the teachers taught can be kept as a file (`Targets`, `--targets`): the neighbours with
+their targets, each teacher's figures and the teachers' mean judged as one model. Several
+students side by side then run the teachers once, and a later run, on another machine, learns
+from teachers it does not have (a GPU session's teachers are 220 MB each; their targets, a
+few MB).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from queryserve.duplicates.products import LabelledPair
+from queryserve.duplicates.products import DuplicatesError, LabelledPair
 from queryserve.types import Array
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -78,12 +86,70 @@ def neighbour_pairs(pairs: Sequence[LabelledPair], k: int) -> list[tuple[str, st
             if (lefts[i], rights[j]) not in labelled]
 
 
-def teacher_probabilities(teachers: Sequence[Path], pairs: Sequence[tuple[str, str]],
-                          scorer: Any) -> list[float]:
-    """The teachers' mean P(duplicate) of each pair; `scorer(folder)` loads one teacher as an
-    object whose `probabilities(pairs)` scores LabelledPairs (cross_train's model)."""
-    labelled = [LabelledPair(left, right, 0) for left, right in pairs]
-    total = np.zeros(len(pairs), dtype=np.float64)
+def teachers_mean(teachers: Sequence[Path], groups: Mapping[str, Sequence[LabelledPair]],
+                  scorer: Any) -> dict[str, list[float]]:
+    """The teachers' mean P(duplicate) of each pair of each group, each teacher loaded once;
+    `scorer(folder)` loads one teacher as an object whose `probabilities(pairs)` scores
+    LabelledPairs (cross_train's model)."""
+    totals = {name: np.zeros(len(pairs), dtype=np.float64) for name, pairs in groups.items()}
     for folder in teachers:
-        total += np.asarray(scorer(folder).probabilities(labelled), dtype=np.float64)
-    return [float(p) for p in total / max(len(teachers), 1)]
+        model = scorer(folder)
+        for name, pairs in groups.items():
+            totals[name] += np.asarray(model.probabilities(pairs), dtype=np.float64)
+    return {name: [float(p) for p in total / max(len(teachers), 1)]
+            for name, total in totals.items()}
+
+
+def teacher_records(teachers: Sequence[str]) -> dict[str, Any]:
+    """What each teacher's TRAINING.json says of it, so that a student's record shows the gap
+    its distillation leaves: the encoder it started from, its best epoch, valid and test F1."""
+    records = {}
+    for teacher in teachers:
+        path = Path(teacher) / "TRAINING.json"
+        if not path.is_file():
+            raise DuplicatesError(f"--teacher {teacher}: not a trained cross-encoder (no "
+                                  "TRAINING.json)")
+        saved = json.loads(path.read_text())
+        records[Path(teacher).name] = {key: saved.get(key) for key in (
+            "encoder", "recipe", "best_epoch", "threshold", "valid_f1", "test_f1",
+            "test_f1_at_dataset_thresholds", "pairs_per_second", "minutes")}
+    return records
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What the teachers taught: the train products' unlabelled neighbours with the teachers'
+    mean probability, how many neighbours a product was given, each teacher's own figures, and
+    the teachers' mean judged as one model on the valid and test splits (the student's
+    reference: it learns that mean, not any one teacher)."""
+
+    examples: tuple[Example, ...]
+    neighbours: int
+    teachers: dict[str, Any]
+    mean: dict[str, Any]
+
+
+def save_targets(path: Path, targets: Targets) -> None:
+    """Whole or not at all (written aside, then renamed): students started beside the one
+    that labels wait for the file to appear."""
+    record = {"neighbours": targets.neighbours, "teachers": targets.teachers,
+              "teachers_mean": targets.mean,
+              "pairs": [[e.left, e.right, e.target] for e in targets.examples]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(path.name + ".partial")
+    aside.write_text(json.dumps(record) + "\n")
+    os.replace(aside, path)
+
+
+def load_targets(path: Path) -> Targets:
+    try:
+        record = json.loads(path.read_text())
+        return Targets(examples=tuple(Example(str(left), str(right), float(target))
+                                      for left, right, target in record["pairs"]),
+                       neighbours=int(record["neighbours"]), teachers=record["teachers"],
+                       mean=record["teachers_mean"])
+    except FileNotFoundError:
+        raise DuplicatesError(f"--targets {path}: no such file (the teachers write it: "
+                              "--teacher T ... --targets FILE)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DuplicatesError(f"--targets {path}: not a targets file ({exc})") from None
