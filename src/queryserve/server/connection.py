@@ -53,6 +53,10 @@ class ConnectionOwner(Protocol):
         """The connection is gone."""
         ...
 
+    def rebalance(self) -> bool:
+        """Close a connection after its answer: the worker holds more than its share."""
+        ...
+
 
 class HttpConnection(asyncio.Protocol):
     """One client connection: parse requests, answer them in order."""

@@ -33,6 +33,7 @@ from queryserve.server.http_types import (
     MAX_URL_BYTES,
     READ_TIMEOUT_S,
     REJECTION_REASONS,
+    ConnectionShare,
     Handler,
     HttpLimits,
     RejectionReason,
@@ -65,9 +66,12 @@ class HttpServer:
 
     listener: asyncio.Server
 
-    def __init__(self, handler: Handler, limits: HttpLimits) -> None:
+    def __init__(self, handler: Handler, limits: HttpLimits,
+                 share: ConnectionShare | None = None) -> None:
         self.handler = handler
         self.limits = limits
+        self.share = share  # with workers: the connections each of them holds
+        self.rebalanced = 0  # connections closed after an answer to even out the workers
         self.live: set[HttpConnection] = set()
         # Connections that have not sent a byte yet, oldest first: at the cap, the oldest of
         # them makes room for a newcomer, so silent connections cannot lock real clients out.
@@ -104,6 +108,15 @@ class HttpServer:
         when asked (a scrape, the drain), so requests pay nothing for it."""
         return sum(connection.unanswered for connection in self.live)
 
+    def rebalance(self) -> bool:
+        """Whether the connection that has just been answered should close: this worker holds
+        more than its share of the server's connections. Its client reconnects, and the kernel
+        hashes the new connection afresh, to any worker."""
+        if self.share is None or self.draining or not self.share.over(len(self.live)):
+            return False
+        self.rebalanced += 1
+        return True
+
     def _tick(self) -> None:
         self.date = _date_line()
         self._ticker = self.loop.call_later(1.001 - time.time() % 1.0, self._tick)
@@ -122,6 +135,8 @@ class HttpServer:
             return False
         self.live.add(connection)
         self.silent[connection] = None
+        if self.share is not None:
+            self.share.hold(len(self.live))
         return True
 
     def heard(self, connection: HttpConnection) -> None:
@@ -131,6 +146,8 @@ class HttpServer:
     def forget(self, connection: HttpConnection) -> None:
         self.live.discard(connection)
         self.silent.pop(connection, None)
+        if self.share is not None:
+            self.share.hold(len(self.live))
         if self._drained is not None and not self.live:
             self._drained.set()
 
@@ -160,11 +177,13 @@ class HttpServer:
 
 
 async def start_http_server(handler: Handler, host: str, port: int, limits: HttpLimits,
-                            reuse_port: bool = False) -> HttpServer:
-    """Listen on `host:port`; with `reuse_port`, beside other listeners of this user on the
-    same port (SO_REUSEPORT: the kernel spreads new connections over them)."""
-    server = HttpServer(handler, limits)
+                            share: ConnectionShare | None = None) -> HttpServer:
+    """Listen on `host:port`; with a `share`, beside the server's other workers on the same
+    port (SO_REUSEPORT: the kernel spreads new connections over them), each handing back
+    connections while it holds more than its share of them."""
+    server = HttpServer(handler, limits, share)
     server.listener = await server.loop.create_server(
-        lambda: HttpConnection(server), host, port, reuse_address=True, reuse_port=reuse_port,
+        lambda: HttpConnection(server), host, port, reuse_address=True,
+        reuse_port=share is not None,
         backlog=2048)
     return server

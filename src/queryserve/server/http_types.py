@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import orjson
 
@@ -47,6 +47,19 @@ def _default_max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return 4096
     return max(1, min(4096, soft // 2))
+
+
+class ConnectionShare(Protocol):
+    """The HTTP connections of all the server's workers, shared between them
+    (`workers.peers.Seat`): what lets a worker that holds too many hand some back."""
+
+    def hold(self, connections: int) -> None:
+        """This worker holds `connections` now."""
+        ...
+
+    def over(self, connections: int) -> bool:
+        """Holding `connections` is more than this worker's share."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

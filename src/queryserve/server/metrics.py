@@ -107,6 +107,12 @@ class ServerCollector:
             "queryserve_http_connections_evicted_total",
             "Silent connections (never sent a byte) closed at the cap to admit a new one.",
             value=transport.evicted)
+        yield CounterMetricFamily(
+            "queryserve_http_connections_rebalanced_total",
+            "Connections closed after an answer (connection: close) because their worker held "
+            "more than its share of the server's (--workers); the client reconnects, hashed "
+            "afresh to any worker.",
+            value=transport.rebalanced)
         rejections = CounterMetricFamily(
             "queryserve_http_rejections_total",
             "Requests and connections the transport refused before any route saw them, by "

@@ -31,6 +31,10 @@ class Answerer(Protocol):
     loop: asyncio.AbstractEventLoop
     date: bytes  # the `date` header line, renewed each second
 
+    def rebalance(self) -> bool:
+        """Close this connection after its answer: the worker holds more than its share."""
+        ...
+
 
 class AnsweredConnection(Protocol):
     """What the queue needs of its connection (`HttpConnection`)."""
@@ -148,6 +152,9 @@ class ResponseQueue:
         if (self.closing and not self.pending and self.fatal is None
                 and not connection.reading_a_request()):
             keep_alive = False  # the last answer before closing says so
+        elif (keep_alive and not self.pending and self.fatal is None
+              and not connection.reading_a_request() and self.server.rebalance()):
+            keep_alive = False  # nothing else read on it: the client reconnects elsewhere
         self.write(response, keep_alive, head)
         if self.fatal is not None and not self.pending:
             self.write(self.fatal, keep_alive=False)

@@ -40,6 +40,8 @@ class TransportCounts:
     """Requests read and not yet answered, the scrape that asks included."""
     rejections: dict[str, int] = field(default_factory=dict)
     """Refusals by reason (`queryserve.server.http.RejectionReason`)."""
+    rebalanced: int = 0
+    """Connections closed after an answer because their worker held more than its share."""
 
     @property
     def refused(self) -> int:
@@ -52,6 +54,7 @@ class TransportCounts:
     def merge(self, other: TransportCounts) -> None:
         self.connections += other.connections
         self.unanswered += other.unanswered
+        self.rebalanced += other.rebalanced
         for reason, count in other.rejections.items():
             self.rejections[reason] = self.rejections.get(reason, 0) + count
 

@@ -54,6 +54,11 @@ class Connections(Protocol):
         ...
 
     @property
+    def rebalanced(self) -> int:
+        """Connections closed after an answer to even out the workers."""
+        ...
+
+    @property
     def rejections(self) -> Mapping[str, int]:
         """Refusals by reason (`queryserve.server.http.RejectionReason`), every reason present."""
         ...
@@ -116,7 +121,8 @@ class ServerState:
         """This process's figures, the live objects themselves (read on this loop)."""
         transport = self.transport
         counts = None if transport is None else TransportCounts(
-            transport.connections, transport.unanswered, dict(transport.rejections))
+            transport.connections, transport.unanswered, dict(transport.rejections),
+            transport.rebalanced)
         models = {name: ModelFigures(m.stats, m.queue_depth)
                   for name, m in self.repository.models.items()}
         worker = self.siblings.worker if self.siblings is not None else None

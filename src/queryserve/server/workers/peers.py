@@ -55,9 +55,29 @@ class Seat:
     """One byte per worker, shared (`multiprocessing.RawArray('b')`): 1 while it serves."""
     restarts: Any
     """Replacements so far, shared (`multiprocessing.RawArray('i', 1)`)."""
+    connections: Any
+    """Each worker's open HTTP connections, shared (`multiprocessing.RawArray('i')`)."""
 
     def socket(self, worker: int) -> Path:
         return self.folder / f"worker-{worker}.sock"
+
+    # The transport's `ConnectionShare`. The kernel hashes each new connection to one worker
+    # for its life, and few connections spread unevenly: of 64, the busiest of 7 workers held
+    # 1.3-1.6x the mean, of 14 workers 1.5-2.4x (BENCHMARKS.md), and the busiest worker's
+    # queue sets the server's p99. So a worker over its share closes a connection after an
+    # answer (`connection: close`, nothing else read on it); the client reconnects and is
+    # hashed afresh. Over means a tenth over the mean, or one connection where that is less:
+    # while closed connections' clients reconnect the total dips, and a worker holding its fair
+    # share must not hand one back for that (with one connection of slack alone, 2 workers
+    # closed 522-715 connections in a `bench --find-max` that opens 64 for each of its ~25
+    # steps; with this, 35-47).
+
+    def hold(self, connections: int) -> None:
+        self.connections[self.worker] = connections
+
+    def over(self, connections: int) -> bool:
+        mean = sum(self.connections) / self.workers
+        return bool(connections > mean + max(1.0, mean / 10))
 
 
 class Siblings:

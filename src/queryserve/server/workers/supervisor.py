@@ -73,6 +73,7 @@ class Supervisor:
         self.context = multiprocessing.get_context("spawn")
         self.serving = self.context.RawArray("b", workers)
         self.restarts = self.context.RawArray("i", 1)
+        self.connections = self.context.RawArray("i", workers)
         self.slots = [_Slot(w) for w in range(workers)]
         self.stopping = False
         self.signals = 0
@@ -109,7 +110,8 @@ class Supervisor:
                                    cores=max(1, cores // self.workers))
 
     def _start(self, slot: _Slot, options: ServeOptions, folder: Path) -> None:
-        seat = Seat(slot.worker, self.workers, folder, self.serving, self.restarts)
+        seat = Seat(slot.worker, self.workers, folder, self.serving, self.restarts,
+                    self.connections)
         process = self.context.Process(
             target=_worker_main, name=f"queryserve-worker-{slot.worker}",
             args=(dataclasses.replace(options, seat=seat), self.log_level, os.getpid()))
@@ -149,6 +151,7 @@ class Supervisor:
         code = process.exitcode if process.exitcode is not None else 1
         served = slot.served or bool(self.serving[slot.worker])
         self.serving[slot.worker] = 0  # it may have died without saying so
+        self.connections[slot.worker] = 0  # and its connections died with it
         if self.stopping:
             self.exit_codes[slot.worker] = code
             return
