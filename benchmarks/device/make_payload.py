@@ -13,6 +13,11 @@ checkout (run here, not on the device), for `queryserve serve --workers N` scali
   (the fp32 table is 47 of the 58.6 MB and does not compress otherwise).
 - embed/tokenizer.json, embed/model.yaml (verbatim), queries.jsonl (MASSIVE test, as bench's
   default `massive` set).
+- duplicates/: the served `duplicates` cross-encoder trimmed the same way (the rows kept: the
+  hard pairs as the pipeline hints and tokenizes them, and the warm-up text), its model.yaml and
+  tokenizer.json, and hard_pairs.json (`queryserve.duplicates.hard_pairs`): what workers16.py's
+  `hardpairs` item asks the served model on that machine's processor (issue 41: the decisions
+  held on one host kind and not the other).
 
     .venv/bin/python benchmarks/device/make_payload.py [--check]
 
@@ -48,6 +53,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 SRC = ROOT / "model_repository" / "embed"
 HERE = ROOT / ".dev16"
 TABLE = "model.embeddings.word_embeddings.weight"
+PAIRS_SRC = ROOT / "model_repository" / "duplicates"
+PAIRS_TABLE = "model.bert.embeddings.word_embeddings.weight"
 
 
 def main() -> None:
@@ -73,20 +80,54 @@ def main() -> None:
     used = set(range(1000))
     for encoding in tokenizer.encode_batch(texts):
         used.update(encoding.ids)
-    model = onnx.load(str(SRC / "model.onnx"))
-    tensor = next(t for t in model.graph.initializer if t.name == TABLE)
+    raw = trim(SRC / "model.onnx", TABLE, used, HERE / "embed" / "model.onnx.xz")
+    if args.check:
+        check(raw, texts)
+    duplicates()
+
+
+def trim(source: Path, table_name: str, used: set[int], target: Path) -> bytes:
+    """`source` with every row of its word-embedding table outside `used` zeroed, xz'd into
+    `target`; returns the trimmed model's bytes."""
+    model = onnx.load(str(source))
+    tensor = next(t for t in model.graph.initializer if t.name == table_name)
     table = numpy_helper.to_array(tensor).copy()
     keep = np.zeros(table.shape[0], dtype=bool)
     keep[sorted(used)] = True
     table[~keep] = 0.0
-    tensor.CopyFrom(numpy_helper.from_array(table, TABLE))
+    tensor.CopyFrom(numpy_helper.from_array(table, table_name))
     raw = model.SerializeToString()
-    trimmed = HERE / "embed" / "model.onnx.xz"
-    trimmed.write_bytes(lzma.compress(raw, preset=6))
-    print(f"kept {keep.sum()} of {len(keep)} rows; {len(raw) / 1e6:.1f} MB -> "
-          f"{trimmed.stat().st_size / 1e6:.1f} MB xz")
-    if args.check:
-        check(raw, texts)
+    target.write_bytes(lzma.compress(raw, preset=6))
+    print(f"{source.parent.name}: kept {keep.sum()} of {len(keep)} rows; {len(raw) / 1e6:.1f} MB "
+          f"-> {target.stat().st_size / 1e6:.1f} MB xz")
+    return raw
+
+
+def duplicates() -> None:
+    """The served cross-encoder, trimmed to the hard pairs, and the pairs with what a person
+    says of each."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from queryserve.duplicates.hard_pairs import HARD_PAIRS
+    from queryserve.pipelines.pairs.features import hinted
+
+    folder = HERE / "duplicates"
+    folder.mkdir(parents=True, exist_ok=True)
+    report = json.loads((PAIRS_SRC / "prepare.json").read_text())
+    served = next(v["file"] for v in report["variants"] if v["name"] == report["chosen"])
+    shutil.copy(PAIRS_SRC / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copy(PAIRS_SRC / "model.yaml", folder / "model.yaml")
+    config = yaml.safe_load((PAIRS_SRC / "model.yaml").read_text())
+    pairs = [(p.left, p.right) for p in HARD_PAIRS]
+    tokenizer = Tokenizer.from_file(str(PAIRS_SRC / "tokenizer.json"))
+    used = set(range(1000))
+    for left, right in hinted(pairs):
+        used.update(tokenizer.encode(left, right).ids)
+    for warmup in config.get("model_warmup", []):
+        used.update(tokenizer.encode(warmup["text"]).ids)
+    trim(PAIRS_SRC / served, PAIRS_TABLE, used, folder / "model.onnx.xz")
+    (folder / "hard_pairs.json").write_text(json.dumps(
+        {"variant": report["chosen"], "pairs": [[p.left, p.right, p.duplicate]
+                                                 for p in HARD_PAIRS]}, indent=1) + "\n")
 
 
 def check(raw: bytes, texts: list[str]) -> None:

@@ -15,6 +15,8 @@ Environment (defaults for a 16-core machine):
                      (N processes x 1 ONNX Runtime thread running the served embed variant,
                      batch 1, tokenization included, no server: section 13's measure) on the
                      server's cores
+  "hardpairs" (no counts) serves the `duplicates` cross-encoder alone (.dev16/duplicates, from
+                     make_payload.py) and asks it the hard pairs: the decisions on this processor
   INPROC_S=5         seconds each in-process run measures
   CLIENT_CORES=2     cores kept for the load generator (0: share all cores with the server)
   DURATION=0.75 WARMUP=0.25 DRAIN_S=0.5 STATS_TIMEOUT_S=1   seconds per search step
@@ -292,6 +294,41 @@ def in_process(processes: int, figures: dict[str, Any]) -> None:
     write(figures)
 
 
+def hard_pairs(figures: dict[str, Any]) -> None:
+    """The served cross-encoder's decision on each hard pair, on this machine's processor."""
+    run: dict[str, Any] = {"model": "hardpairs"}
+    figures["runs"].append(run)
+    source = HERE / "duplicates"
+    folder = WORK / "repo-duplicates" / "duplicates"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("model.yaml", "tokenizer.json"):
+        shutil.copy(source / name, folder / name)
+    (folder / "model.onnx").write_bytes(lzma.decompress((source / "model.onnx.xz").read_bytes()))
+    asked = json.loads((source / "hard_pairs.json").read_text())
+    proc, url = start_server(folder.parent, 1, WORK / "server-hardpairs.log")
+    try:
+        wait_ready(url, proc, WORK / "server-hardpairs.log", timeout_s=min(60.0, left()))
+        import urllib.request
+
+        body = json.dumps({"pairs": [[left, right] for left, right, _ in asked["pairs"]]})
+        request = urllib.request.Request(f"{url}/v1/duplicates", body.encode(),
+                                         {"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+        results = answer["results"]
+        run.update(variant=asked["variant"], threshold=answer["threshold"], pairs=[
+            {"left": left, "right": right, "person": person,
+             "probability": result["probability"], "duplicate": result["duplicate"]}
+            for (left, right, person), result in zip(asked["pairs"], results, strict=True)])
+        run["all_right"] = all(p["duplicate"] == p["person"] for p in run["pairs"])
+    except Exception as exc:  # recorded, the next run goes on
+        run["error"] = str(exc)
+    finally:
+        stop_server(proc)
+    log(f"hardpairs: {json.dumps(run)}")
+    write(figures)
+
+
 def _in_process_one(folder: Path, start: Any, seconds: float, rates: Any) -> None:
     from queryserve.optimize.candidates import engine
     from queryserve.optimize.plan import rate_of
@@ -327,6 +364,9 @@ def main() -> None:
     try:
         for item in PLAN.split():
             model, _, counts = item.partition(":")
+            if model == "hardpairs":
+                hard_pairs(figures)
+                continue
             if model == "inproc":
                 for n in counts.split(","):
                     in_process(int(n), figures)
