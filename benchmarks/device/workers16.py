@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import lzma
-import multiprocessing
 import os
 import platform
 import shutil
@@ -273,21 +272,18 @@ def in_process(processes: int, figures: dict[str, Any]) -> None:
     if left() < INPROC_S + 10:
         run["skipped"] = f"{left():.0f} s left"
         return
+    from queryserve.optimize.candidates import rates_side_by_side
+
     folder = repository("embed", len(SERVER_CPUS)) / "embed"
-    context = multiprocessing.get_context("spawn")
-    start, rates = context.Barrier(processes), context.Queue()
-    runs = [context.Process(target=_in_process_one, args=(folder, start, INPROC_S, rates))
-            for _ in range(processes)]
+    texts = [json.loads(line)["text"] for line in
+             (HERE / "queries.jsonl").read_text().splitlines() if line][:512]
     mask = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, SERVER_CPUS)  # the children inherit the server's cores
+    os.sched_setaffinity(0, SERVER_CPUS)  # the processes inherit the server's cores
     try:
-        for proc in runs:
-            proc.start()
+        each = rates_side_by_side(folder / "model.onnx", folder / "tokenizer.json", texts,
+                                  processes, INPROC_S)
     finally:
         os.sched_setaffinity(0, mask)
-    each = [float(rates.get(timeout=120)) for _ in runs]
-    for proc in runs:
-        proc.join()
     run["rate"] = round(sum(each), 1)
     run["each_min_max"] = [round(min(each), 1), round(max(each), 1)]
     log(f"inproc-{processes}: {run['rate']:,.1f} queries/s")
@@ -327,18 +323,6 @@ def hard_pairs(figures: dict[str, Any]) -> None:
         stop_server(proc)
     log(f"hardpairs: {json.dumps(run)}")
     write(figures)
-
-
-def _in_process_one(folder: Path, start: Any, seconds: float, rates: Any) -> None:
-    from queryserve.optimize.candidates import engine
-    from queryserve.optimize.plan import rate_of
-
-    run = engine(folder / "model.onnx", folder / "tokenizer.json", threads=1)
-    queries = [json.loads(line)["text"] for line in
-               (HERE / "queries.jsonl").read_text().splitlines() if line][:512]
-    rate_of(run, queries[:64], 1, 0.5)  # warm-up
-    start.wait()  # all processes measure at once
-    rates.put(rate_of(run, queries, 1, seconds))
 
 
 def main() -> None:

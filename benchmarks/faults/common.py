@@ -97,12 +97,13 @@ class Server:
 
     def metric(self, name: str, model: str = "", **labels: str) -> float | None:
         """One sample of `/metrics`, e.g. metric("queryserve_queue_depth", "embed"); without a
-        model, the sample without labels (`queryserve_http_connections`)."""
-        wanted = {"model": model, **labels}
+        model, the sample with exactly `labels` (`process_cpu_seconds_total`, worker="0"), or
+        with none (`queryserve_http_connections`)."""
+        wanted = ({"model": model} if model else {}) | labels
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         for line in text.splitlines():
-            if not model and line.startswith(name + " "):
+            if not wanted and line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
             if not line.startswith(name + "{"):
                 continue

@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -170,11 +169,9 @@ def _until_ready_again(server: Server, victim: int, killed: float) -> float | No
 
 
 def _worker_cpu(server: Server) -> dict[str, float]:
-    """Each worker's CPU seconds so far, from one scrape (any worker answers for all)."""
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {worker: float(value) for worker, value in
-            re.findall(r'^process_cpu_seconds_total\{worker="(\d+)"\} (\S+)$', text, re.M)}
+    """Each worker's CPU seconds so far (any worker answers a scrape for all)."""
+    return {worker: server.metric("process_cpu_seconds_total", worker=worker) or 0.0
+            for worker in ("0", "1")}
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,6 @@ or as part of `make bench` (`python benchmarks/run.py`, `--only workers` once a 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -72,29 +71,11 @@ def served_file() -> str:
 
 def in_process_rate(processes: int, seconds: float) -> float:
     """Queries per second of `processes` processes running side by side, summed."""
+    from queryserve.optimize.candidates import rates_side_by_side
+
     log(f"workers: in process, {processes} process(es) x 1 thread, batch 1")
-    context = multiprocessing.get_context("spawn")
-    start, rates = context.Barrier(processes), context.Queue()
-    runs = [context.Process(target=_one_process, args=(start, seconds, rates))
-            for _ in range(processes)]
-    for run in runs:
-        run.start()
-    total = sum(float(rates.get(timeout=300)) for _ in runs)
-    for run in runs:
-        run.join()
-    return total
-
-
-def _one_process(start: Any, seconds: float, rates: Any) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from queryserve.optimize.candidates import engine
-    from queryserve.optimize.plan import rate_of
-
-    run = engine(MODEL_DIR / served_file(), MODEL_DIR / "tokenizer.json", threads=1)
-    queries = load_queries(512)
-    rate_of(run, queries[:64], 1, 0.5)  # warm-up
-    start.wait()  # all processes measure at once
-    rates.put(rate_of(run, queries, 1, seconds))
+    return sum(rates_side_by_side(MODEL_DIR / served_file(), MODEL_DIR / "tokenizer.json",
+                                  load_queries(512), processes, seconds))
 
 
 def render(figures: dict[str, Any]) -> list[str]:

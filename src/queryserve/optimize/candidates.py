@@ -9,11 +9,12 @@ to time or check a graph that is not (yet) a served model folder. A served folde
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -186,6 +187,33 @@ def engine(onnx_path: Path, tokenizer_path: Path, *, threads: int = THREADS) -> 
     """A model file as a timed engine: each call tokenizes, pads and runs one batch."""
     return batch_runner(open_session(onnx_path, threads=threads, spinning=True),
                    load_tokenizer(tokenizer_path))
+
+
+def rates_side_by_side(onnx_path: Path, tokenizer_path: Path, texts: Sequence[str],
+                       processes: int, seconds: float) -> list[float]:
+    """Queries/s of each of `processes` spawned processes running the model side by side, one
+    ONNX Runtime thread each, one text a call (tokenization included), all measuring at once:
+    what the cores do in process, with no server (the ceiling served workers are judged by).
+    The processes inherit this one's CPU affinity."""
+    context = multiprocessing.get_context("spawn")
+    start, rates = context.Barrier(processes), context.Queue()
+    runs = [context.Process(target=_rate_in_process,
+                            args=(onnx_path, tokenizer_path, list(texts), start, seconds, rates))
+            for _ in range(processes)]
+    for run in runs:
+        run.start()
+    each = [float(rates.get(timeout=300)) for _ in runs]
+    for run in runs:
+        run.join()
+    return each
+
+
+def _rate_in_process(onnx_path: Path, tokenizer_path: Path, texts: list[str], start: Any,
+                     seconds: float, rates: Any) -> None:
+    run = engine(onnx_path, tokenizer_path, threads=1)
+    rate_of(run, texts[:64], 1, 0.5)  # warm-up
+    start.wait()  # all processes measure at once
+    rates.put(rate_of(run, texts, 1, seconds))
 
 
 def batch_runner(session: ort.InferenceSession, tokenizer: Tokenizer) -> Runner:

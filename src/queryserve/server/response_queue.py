@@ -149,12 +149,11 @@ class ResponseQueue:
             response = json_error(500, "internal server error")
         else:
             response = task.result()
-        if (self.closing and not self.pending and self.fatal is None
-                and not connection.reading_a_request()):
-            keep_alive = False  # the last answer before closing says so
-        elif (keep_alive and not self.pending and self.fatal is None
-              and not connection.reading_a_request() and self.server.rebalance()):
-            keep_alive = False  # nothing else read on it: the client reconnects elsewhere
+        # The last answer before closing says so; so does one the worker hands back to even
+        # out the workers' connections (the client reconnects, maybe to another worker).
+        if (not self.pending and self.fatal is None and not connection.reading_a_request()
+                and (self.closing or (keep_alive and self.server.rebalance()))):
+            keep_alive = False
         self.write(response, keep_alive, head)
         if self.fatal is not None and not self.pending:
             self.write(self.fatal, keep_alive=False)
