@@ -11,7 +11,10 @@ Environment (defaults for a 16-core machine):
   DEADLINE_S=185     seconds from start after which nothing runs
   PLAN="fake:1,4,8,14 embed:1,8,14"
                      model:N,N,... in priority order; "fake-c64:14" would open 64 connections
-                     up front instead of bench's 4; "inproc:1,14" is the in-process ceiling
+                     up front instead of bench's 4; "embed-c64-i1:7" sets instance_group.count to
+                     1 instead of the server's cores (a worker runs min(count, its cores)
+                     instances: fewer instance threads than cores leaves its event loop a
+                     core); "inproc:1,14" is the in-process ceiling
                      (N processes x 1 ONNX Runtime thread running the served embed variant,
                      batch 1, tokenization included, no server: section 13's measure) on the
                      server's cores
@@ -120,10 +123,10 @@ def embed_config() -> dict[str, Any]:
 
 def repository(model: str, instances: int) -> Path:
     """A repository with one model named `embed` (bench's default name): the served ONNX
-    variant, or the fake backend with the same batching settings. Instances: one per server
-    core, so each worker runs its share of the cores as 1-thread instances (the server caps
-    a worker's instances at its cores)."""
-    root = WORK / f"repo-{model}"
+    variant, or the fake backend with the same batching settings. Instances: by default one per
+    server core, so each worker runs its share of the cores as 1-thread instances (the server
+    caps a worker's instances at its cores)."""
+    root = WORK / f"repo-{model}-i{instances}"
     folder = root / "embed"
     folder.mkdir(parents=True, exist_ok=True)
     config = embed_config()
@@ -221,9 +224,11 @@ def bench(url: str, name: str, start_rate: float, connections: int) -> dict[str,
     return result
 
 
-def one_run(model: str, workers: int, connections: int, figures: dict[str, Any]) -> None:
-    name = f"{model}-{workers}" + (f"-c{connections}" if connections != 4 else "")
-    run: dict[str, Any] = {"model": model, "workers": workers,
+def one_run(model: str, workers: int, connections: int, instances: int,
+            figures: dict[str, Any]) -> None:
+    name = (f"{model}-{workers}" + (f"-c{connections}" if connections != 4 else "")
+            + (f"-i{instances}" if instances != len(SERVER_CPUS) else ""))
+    run: dict[str, Any] = {"model": model, "workers": workers, "instances": instances,
                            "server_cores": len(SERVER_CPUS), "connections": connections}
     figures["runs"].append(run)
     if left() < MIN_RUN_S:
@@ -231,7 +236,7 @@ def one_run(model: str, workers: int, connections: int, figures: dict[str, Any])
         log(f"{name}: skipped ({run['skipped']})")
         return
     log(f"{name}: --workers {workers} on {len(SERVER_CPUS)} cores")
-    repo = repository(model, len(SERVER_CPUS))
+    repo = repository(model, instances)
     server_log = WORK / f"server-{name}.log"
     proc, url = start_server(repo, workers, server_log)
     try:
@@ -355,12 +360,12 @@ def main() -> None:
                 for n in counts.split(","):
                     in_process(int(n), figures)
                 continue
-            connections = 4
-            if "-c" in model:
-                model, _, more = model.partition("-c")
-                connections = int(more)
+            model, *options = model.split("-")
+            connections = next((int(o[1:]) for o in options if o.startswith("c")), 4)
+            instances = next((int(o[1:]) for o in options if o.startswith("i")),
+                             len(SERVER_CPUS))
             for n in counts.split(","):
-                one_run(model, int(n), connections, figures)
+                one_run(model, int(n), connections, instances, figures)
     finally:
         for proc in list(servers):
             stop_server(proc)

@@ -4,19 +4,25 @@ SIGTERM gets anything but a 200 and the supervisor exits 0 within the drain time
 worker left; reloads of `embed` under load fail no request and reach both workers; a worker
 SIGKILLed under load is replaced and serves again within 30 s while the other answers, the
 only requests lost being those on the killed worker's connections at the kill (in flight, or
-written before the client saw the connection close: within LOST_WINDOW_S of it). Also shown,
+written before the client saw the connection close: within LOST_WINDOW_S of it); one gRPC
+channel under load, its connection ended every AGE_S (GOAWAY), fails no call and reaches both
+workers, where without the age one worker holds it throughout. Also shown,
 with no target: how much of the CPU work the replacement does once ready, and how many
 connections the survivor, holding them all, handed back (`connection: close`) to even them
 out."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from faults.client import Background, Stream
 from faults.common import (
@@ -34,15 +40,19 @@ from faults.common import (
 from faults.records import summarize
 from faults.reload import reload_embed
 from faults.sigterm import DRAIN_S, QUEUE, sigterm_with_queue
-from queryserve.bench.server_process import ready_status
+from queryserve.bench.server_process import connections_on, free_port, ready_status
 
-TITLE = "Two workers (`--workers 2`): SIGTERM, reloads and a killed worker"
+TITLE = "Two workers (`--workers 2`): SIGTERM, reloads, a killed worker and an aged gRPC channel"
 PATH = "/v2/models/embed/infer"
 FLAGS = ("--workers", "2", "--cores", "2")
 REPLACE_S = 30.0
 LOST_WINDOW_S = 0.1
 """A request scheduled this long after the kill was sent once the client knew the connection
 had gone: it must not be lost."""
+AGE_S = 0.25
+"""`--grpc-max-connection-age` in the gRPC scenario: far below the 60 s default, so that one
+run ends the channel's connection some hundred times."""
+CALLS_IN_FLIGHT = 16
 
 
 def worker_pids(server: Server) -> dict[int, int]:
@@ -52,7 +62,8 @@ def worker_pids(server: Server) -> dict[int, int]:
 
 
 def measure(mode: Mode) -> dict[str, Any]:
-    parts = {"sigterm": _sigterm(mode), "reload": _reload(mode), "kill": _kill(mode)}
+    parts = {"sigterm": _sigterm(mode), "reload": _reload(mode), "kill": _kill(mode),
+             "grpc": _grpc_aging(mode)}
     return {**parts, "verdicts": [v for part in parts.values() for v in part["verdicts"]]}
 
 
@@ -157,6 +168,76 @@ def _kill(mode: Mode) -> dict[str, Any]:
     }
 
 
+def _grpc_aging(mode: Mode) -> dict[str, Any]:
+    """One tritonclient gRPC channel, CALLS_IN_FLIGHT calls in flight on it, against the two
+    workers: once with the connection never aged, once ended every AGE_S."""
+    repository = one_model_repository("embed", OUT / "repositories" / "workers-grpc")
+    arms = {}
+    for name, age in (("never", 0.0), ("aged", AGE_S)):
+        port = free_port()
+        with serving(repository, f"workers-grpc-{name}", *FLAGS, "--grpc", f"127.0.0.1:{port}",
+                     "--grpc-max-connection-age", f"{age:g}") as server:
+            log(f"workers: one gRPC channel, {CALLS_IN_FLIGHT} calls in flight, connection "
+                f"age {'never ended' if not age else f'{age:g} s'}")
+            arms[name] = asyncio.run(_one_channel(port, worker_pids(server),
+                                                  mode.pick(20.0, 4.0)))
+    aged, never = arms["aged"], arms["never"]
+    return {
+        "age_s": AGE_S, **arms,
+        "verdicts": [
+            verdict(aged["failed"] == 0 and len(aged["held_by"]) == 2,
+                    f"gRPC: {aged['failed']} of {aged['calls']:,} calls on one channel failed "
+                    f"while its connection was ended every {AGE_S:g} s "
+                    f"({aged['connections']} connections), and it was held by "
+                    f"{len(aged['held_by'])} of 2 workers (target: 0, both; never ended: "
+                    f"{len(never['held_by'])} worker)"),
+        ],
+    }
+
+
+async def _one_channel(port: int, pids: dict[int, int], seconds: float) -> dict[str, Any]:
+    """Calls on one channel for `seconds`, and which worker held its connection, sampled."""
+    import tritonclient.grpc as grpc
+    import tritonclient.grpc.aio as grpc_aio
+
+    client = grpc_aio.InferenceServerClient(f"127.0.0.1:{port}")
+    texts = queries(2000)
+    outcomes: Counter[str] = Counter()
+    end = time.monotonic() + seconds
+
+    async def caller(first: int) -> None:
+        for i in range(first, 1 << 30, CALLS_IN_FLIGHT):
+            if time.monotonic() >= end:
+                return
+            text = grpc.InferInput("text", [1, 1], "BYTES")
+            text.set_data_from_numpy(np.array([[texts[i % len(texts)].encode()]], dtype=object))
+            try:
+                await client.infer("embed", [text])
+                outcomes["OK"] += 1
+            except Exception as exc:  # counted by kind: the figure is how many
+                outcomes[type(exc).__name__ + ": " + str(exc)[:80]] += 1
+
+    samples: Counter[int] = Counter()
+    seen: set[str] = set()
+
+    async def sampler() -> None:
+        while time.monotonic() < end:
+            held = connections_on(port, pids)
+            seen.update(held)
+            samples.update(set(held.values()))
+            await asyncio.sleep(0.02)
+
+    started = time.monotonic()
+    await asyncio.gather(sampler(), *(caller(i) for i in range(CALLS_IN_FLIGHT)))
+    elapsed = time.monotonic() - started
+    await client.close()
+    calls = sum(outcomes.values())
+    return {"calls": calls, "calls_per_s": round(calls / elapsed, 1),
+            "failed": calls - outcomes["OK"], "outcomes": dict(outcomes),
+            "connections": len(seen), "held_by": sorted(samples),
+            "samples_held": {str(w): n for w, n in sorted(samples.items())}}
+
+
 def _until_ready_again(server: Server, victim: int, killed: float) -> float | None:
     """Seconds from the kill until a new worker 0 serves and the server is ready."""
     while time.monotonic() - killed < REPLACE_S:
@@ -180,12 +261,14 @@ def _alive(pid: int) -> bool:
 
 
 def render(f: dict[str, Any]) -> list[str]:
-    s, r, k = f["sigterm"], f["reload"], f["kill"]
+    s, r, k, g = f["sigterm"], f["reload"], f["kill"], f["grpc"]
     before = s["before"]
     return [
         "`embed` alone, served by `queryserve serve --workers 2 --cores 2` (two workers of one",
-        "core each, one instance each): the same faults as sections 2 and 3, and a worker",
-        "killed. Figures are the whole server's (`/metrics` sums both workers).",
+        "core each, one instance each): the same faults as sections 2 and 3, a worker killed,",
+        "and one gRPC channel whose connection the server ends every "
+        f"{AGE_S:g} s (`--grpc-max-connection-age`,",
+        "60 s by default). Figures are the whole server's (`/metrics` sums both workers).",
         "",
         "| scenario | figure | value |",
         "|---|---|---|",
@@ -214,6 +297,13 @@ def render(f: dict[str, Any]) -> list[str]:
         f"| | the replacement's share of both workers' CPU work after it was ready; "
         f"connections handed back | {k['replacement_share']:.0%}; "
         f"{k['handed_back'] or 0:.0f} |",
+        *(f"| one gRPC channel (tritonclient), {CALLS_IN_FLIGHT} calls in flight, connection "
+          + ("never ended" if arm == "never" else f"ended every {g['age_s']:g} s")
+          + f" | calls; failed; connections seen; samples each worker held it "
+          f"(every 20 ms), worker 0 / 1 | {g[arm]['calls']:,} ({g[arm]['calls_per_s']:,.0f}/s); "
+          f"{g[arm]['failed']}; {g[arm]['connections']}; "
+          f"{g[arm]['samples_held'].get('0', 0)} / {g[arm]['samples_held'].get('1', 0)} |"
+          for arm in ("never", "aged")),
         "",
         "The replacement's share: the client opens a connection only when none of its idle ones",
         "is free (the last freed is reused first), and at 200 req/s of a few milliseconds",

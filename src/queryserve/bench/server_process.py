@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -97,6 +97,32 @@ def _children(pid: int) -> list[int]:
             return [int(child) for child in f.read().split()]
     except OSError:
         return []
+
+
+Key = TypeVar("Key")
+
+
+def connections_on(port: int, processes: Mapping[Key, int]) -> dict[str, Key]:
+    """The established TCP connections whose local port is `port` (a server's side of its
+    clients' connections), each by its socket's inode, with the key of the process that holds
+    it (`processes`: key -> pid, e.g. worker number -> pid). Read from /proc: which worker of a
+    `--workers N` server the kernel gave each connection to."""
+    owners: dict[str, Key] = {}
+    for key, pid in processes.items():
+        with contextlib.suppress(OSError):  # the process gone, or a descriptor closed meanwhile
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        owners[link[8:-1]] = key
+    held: dict[str, Key] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()  # sl local rem st ... inode: st 01 is ESTABLISHED
+            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
+            if local_port == port and state == "01" and inode in owners:
+                held[inode] = owners[inode]
+    return held
 
 
 def serve_command(repository: Path, port: int, *flags: str) -> list[str]:

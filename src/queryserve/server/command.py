@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from queryserve.arguments import count, positive
+from queryserve.arguments import count, non_negative, positive
 from queryserve.config import is_model_name
 from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits
 
@@ -130,6 +130,11 @@ def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
                         help="open connections at most; at the cap the connection silent "
                              "longest makes room, or a newcomer gets a 503 (default: "
                              "%(default)s, half this process's file limit at most)")
+    limits.add_argument("--grpc-max-connection-age", type=non_negative, default=None,
+                        metavar="S", help="a gRPC connection this old is ended (GOAWAY) once "
+                                          "its calls finish, and the client reconnects: each "
+                                          "channel is placed afresh on a worker or replica "
+                                          "(default: 60; 0: never)")
     limits.add_argument("--drain-timeout", type=positive, default=DRAIN_TIMEOUT_S, metavar="S",
                         help="on SIGTERM or SIGINT, how long accepted requests get to finish "
                              "(default: %(default)g)")
@@ -148,7 +153,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         HttpLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                    idle_timeout_s=args.idle_timeout, header_timeout_s=args.header_timeout,
                    max_connections=args.max_connections),
-        args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
+        args.drain_timeout, grpc=args.grpc,
+        grpc_max_connection_age_s=args.grpc_max_connection_age, api_keys=tuple(keys),
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
         aliases=dict(args.served_model_name), access_log=args.access_log,
         otlp_endpoint=args.otlp_endpoint, prepare=args.prepare)

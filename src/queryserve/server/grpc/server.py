@@ -24,6 +24,15 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The largest request message accepted when the caller gives none (HTTP's body limit is
 passed in by `serve`)."""
 
+MAX_CONNECTION_AGE_S = 60.0
+"""A gRPC client sends every RPC over one HTTP/2 connection for the channel's life, and the
+kernel (SO_REUSEPORT between workers) or a Kubernetes Service (between pods) placed that
+connection once: without an end to it, one channel keeps one worker or one replica busy while
+the others idle, and replicas added by a scale-up get none of it. At this age (grpc adds
++-10% jitter) the server sends GOAWAY; RPCs in flight finish, the channel reconnects on its
+own and is placed afresh. Once a minute costs a client one connection set-up. (`queryserve
+serve --grpc-max-connection-age` names this figure in its help.)"""
+
 
 class GrpcServer:
     """A listening gRPC server; `shutdown` drains it."""
@@ -41,11 +50,20 @@ class GrpcServer:
 
 async def start_grpc_server(state: ServerState, host: str, port: int,
                             max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                            reuse_port: bool = False) -> GrpcServer:
+                            reuse_port: bool = False,
+                            max_connection_age_s: float | None = None,
+                            grace_s: float = 30.0) -> GrpcServer:
     """Listen on `host:port` (port 0: any free port) and serve KServe v2 gRPC; a request
     message over `max_message_bytes` is refused (RESOURCE_EXHAUSTED) before it is read. With
-    `reuse_port`, beside the other workers' listeners on the same port."""
+    `reuse_port`, beside the other workers' listeners on the same port. A connection older
+    than `max_connection_age_s` (None: `MAX_CONNECTION_AGE_S`; 0: no limit) is ended once its
+    RPCs have had `grace_s` to finish."""
+    age_s = MAX_CONNECTION_AGE_S if max_connection_age_s is None else max_connection_age_s
+    aging = [] if not age_s else [
+        ("grpc.max_connection_age_ms", round(age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", round(grace_s * 1000))]
     server = grpc.aio.server(options=[
+        *aging,
         ("grpc.max_receive_message_length", max_message_bytes),
         # Answers are bounded by the item limit; refusing one already computed helps nobody.
         ("grpc.max_send_message_length", -1),
