@@ -140,4 +140,5 @@ class BenchError(QueryServeError):
 
 
 class ServeError(QueryServeError):
-    """The server cannot start: its address is taken or not this machine's."""
+    """The server cannot start: its address is taken or not this machine's, or a file it must
+    write cannot be written."""

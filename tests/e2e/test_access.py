@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,13 @@ from tritonclient.utils import InferenceServerException
 
 from queryserve.server.run import ServeOptions, _warn_if_open
 from queryserve.server.security import AccessControl, host_name, is_loopback
-from tests.conftest import RunningServer, start_server, stop_server, write_fake_model
+from tests.conftest import (
+    RunningServer,
+    free_port,
+    start_server,
+    stop_server,
+    write_fake_model,
+)
 
 KEY = "qs-test-key-0123456789"
 APP = "http://app.example:3000"
@@ -170,6 +178,35 @@ def test_request_ids_are_echoed_or_made_and_the_access_log_has_a_line_each(
     assert line["bytes_in"] > 0 and line["bytes_out"] > 0 and line["ms"] >= 0
     assert made <= set(by_id)
     assert by_id[refused.headers["x-request-id"]]["status"] == 401
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_access_log_s_folder_is_made_and_one_it_cannot_write_is_said_once(
+        tmp_path: Path, workers: str) -> None:
+    """`--access-log /var/log/queryserve/access.jsonl` on a machine without that folder: made,
+    as a server pointed at a log folder is expected to. One that cannot be made is refused in
+    one line, once (not by each worker at each of its tries), with no traceback."""
+    write_fake_model(tmp_path, "fake")
+    made = tmp_path / "logs" / "queryserve" / "access.jsonl"
+    server = start_server(tmp_path, tmp_path / "server.log", "--access-log", str(made),
+                          "--workers", workers, "--cores", "2")
+    try:
+        assert httpx.post(f"{server.url}/v2/models/fake/infer", json=INFER).status_code == 200
+    finally:
+        stop_server(server)
+    lines = [orjson.loads(line) for line in made.read_bytes().splitlines()]
+    assert [line["status"] for line in lines if line["path"] == "/v2/models/fake/infer"] == [200]
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
+         "--http", f"127.0.0.1:{free_port()}", "--grpc", "off", "--workers", workers,
+         "--cores", "2", "--access-log", str(blocked / "access.jsonl")],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.count(f"cannot write the access log {blocked / 'access.jsonl'}") == 1, \
+        done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_server_without_keys_or_guards_is_open_and_pays_for_no_checks(

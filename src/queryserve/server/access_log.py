@@ -15,15 +15,26 @@ from typing import IO
 
 import orjson
 
+from queryserve.errors import ServeError
 from queryserve.server.http import Request, Response
+
+
+def open_log_file(target: str) -> IO[bytes]:
+    """`target` opened to append to, unbuffered, its folder made if missing (as `tee -a` does
+    not, but a server pointed at /var/log/NAME/ is expected to); what stops it is said in one
+    line, not a traceback."""
+    path = Path(target)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("ab", buffering=0)  # lives as long as the server; `close` closes it
+    except OSError as exc:
+        raise ServeError(f"cannot write the access log {target}: {exc.strerror or exc}") from None
 
 
 class AccessLog:
     def __init__(self, target: str) -> None:
         """`target`: a file to append to, or `-` for standard error."""
-        # Lives as long as the server; closed by `close`.
-        self.stream: IO[bytes] = (sys.stderr.buffer if target == "-"
-                                  else Path(target).open("ab", buffering=0))  # noqa: SIM115
+        self.stream: IO[bytes] = sys.stderr.buffer if target == "-" else open_log_file(target)
 
     def write(self, request: Request, response: Response, seconds: float) -> None:
         model = request.model if request.model is not None else _body_model(request)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from queryserve.errors import QueryServeError, ServeError
 from queryserve.repository import ModelRepository
+from queryserve.server.access_log import open_log_file
 from queryserve.server.run import ServeOptions, serve
 from queryserve.server.workers.peers import Seat
 
@@ -84,6 +85,9 @@ class Supervisor:
         # A repository that is not one is the user's mistake: said once, here, rather than by
         # every worker at each of its five tries.
         ModelRepository(self.options.repository).names()
+        access_log = self.options.access_log
+        if access_log is not None and access_log != "-":  # likewise a log it cannot write
+            open_log_file(access_log).close()
         folder = Path(tempfile.mkdtemp(prefix="queryserve-"))
         with contextlib.ExitStack() as held:
             held.callback(shutil.rmtree, folder, True)
