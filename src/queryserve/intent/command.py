@@ -20,9 +20,10 @@ def add_intent_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
                         help="finetune: the whole encoder with a classification head; head: a "
                              "linear head on the frozen encoder's embeddings, for comparison "
                              "(default: %(default)s)")
-    intent.add_argument("--epochs", type=int, default=7)
-    intent.add_argument("--batch-size", type=int, default=32)
-    intent.add_argument("--learning-rate", type=float, default=1.5e-4)
+    intent.add_argument("--epochs", type=int, default=7, help="(default: %(default)s)")
+    intent.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
+    intent.add_argument("--learning-rate", type=float, default=1.5e-4,
+                        help="AdamW's (default: %(default)g)")
     intent.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     intent.add_argument("--seed", type=int, default=0)
     intent.add_argument("--device", choices=DEVICES, default="auto",
