@@ -19,7 +19,14 @@ checkout (run here, not on the device), for `queryserve serve --workers N` scali
   `hardpairs` item asks the served model on that machine's processor (issue 41: the decisions
   held on one host kind and not the other).
 
-    .venv/bin/python benchmarks/device/make_payload.py [--check]
+    .venv/bin/python benchmarks/device/make_payload.py [--check] [--cuda]
+
+With --cuda, also .gpuw0 ... .gpuwN (issue 40, item 6: workers sharing a GPU), each under the
+64 MiB a call carries: the onnxruntime-gpu wheel for Python 3.12 (the CUDA 13 build that ran on
+the lent H100 on 2026-11-22, BENCHMARKS.md "GPU") and `embed` as fp16 (fp32-fused, the rows
+no input reaches zeroed, then queryserve's own fp16 recipe), in one tar cut in chunks, its
+sha256 in the last; `bash benchmarks/device/cuda.sh carry K` on the device, one call a chunk,
+puts them together there, and workers16.py's `cuda` plan item serves them.
 
 then, with only src/ in the tree that travels (the committed models are over the 64 MiB a
 call carries), one device call carrying .dev16:
@@ -61,6 +68,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true",
                         help="compare the trimmed model with the original on every query")
+    parser.add_argument("--cuda", action="store_true",
+                        help="also the chunks .gpuw* for the `cuda` plan item")
     args = parser.parse_args()
     (HERE / "embed").mkdir(parents=True, exist_ok=True)
     for script in ("run.sh", "workers16.py", "bench_fast.py"):
@@ -84,6 +93,8 @@ def main() -> None:
     if args.check:
         check(raw, texts)
     duplicates()
+    if args.cuda:
+        cuda_chunks(used)
 
 
 def trim(source: Path, table_name: str, used: set[int], target: Path) -> bytes:
@@ -101,6 +112,50 @@ def trim(source: Path, table_name: str, used: set[int], target: Path) -> bytes:
     print(f"{source.parent.name}: kept {keep.sum()} of {len(keep)} rows; {len(raw) / 1e6:.1f} MB "
           f"-> {target.stat().st_size / 1e6:.1f} MB xz")
     return raw
+
+
+CUDA_WHEEL = "onnxruntime-gpu==1.31.1"
+CHUNK_BYTES = 60_000_000
+
+
+def cuda_chunks(used: set[int]) -> None:
+    """The onnxruntime-gpu wheel and embed in fp16, tarred and cut into .gpuw0, .gpuw1, ..."""
+    import hashlib
+    import tarfile
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from queryserve.optimize.recipes import convert_fp16
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", "--python-version", "3.12", "--implementation",
+                        "cp", *(f"--platform={p}" for p in PLATFORMS), "-d", str(work / "wheel"),
+                        CUDA_WHEEL], check=True)
+        fp32 = work / "fp32.onnx"
+        fp32.write_bytes(trim(SRC / "variants" / "fp32-fused.onnx", TABLE, used,
+                              work / "fp32.onnx.xz"))
+        (work / "embed").mkdir()
+        convert_fp16(fp32, work / "fp16.onnx")
+        (work / "embed" / "model.onnx.xz").write_bytes(
+            lzma.compress((work / "fp16.onnx").read_bytes(), preset=6))
+        tar = work / "payload.tar"
+        with tarfile.open(tar, "w") as archive:
+            archive.add(work / "wheel", "wheel")
+            archive.add(work / "embed", "embed")
+        data = tar.read_bytes()
+        for old in ROOT.glob(".gpuw*"):
+            shutil.rmtree(old)
+        count = -(-len(data) // CHUNK_BYTES)
+        for k in range(count):
+            folder = ROOT / f".gpuw{k}"
+            folder.mkdir()
+            (folder / f"c{k}").write_bytes(data[k * CHUNK_BYTES:(k + 1) * CHUNK_BYTES])
+        (ROOT / f".gpuw{count - 1}" / "payload.sha256").write_text(
+            hashlib.sha256(data).hexdigest() + "\n")
+        print(f"cuda: {len(data) / 1e6:.1f} MB in {count} chunks, .gpuw0 to .gpuw{count - 1}; "
+              f"embed fp16 {(work / 'embed' / 'model.onnx.xz').stat().st_size / 1e6:.1f} MB xz")
 
 
 def duplicates() -> None:

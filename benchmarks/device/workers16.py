@@ -18,6 +18,10 @@ Environment (defaults for a 16-core machine):
                      (N processes x 1 ONNX Runtime thread running the served embed variant,
                      batch 1, tokenization included, no server: section 13's measure) on the
                      server's cores
+  "cuda:1,2,4" serves `embed` in fp16 on the GPU (benchmarks/device/cuda.sh carried the
+                     onnxruntime-gpu wheel into CUDA_SITE=/tmp/site-gpu and the model into
+                     CUDA_PAYLOAD=/tmp/payw): one CUDA session per worker unless -iK says
+                     otherwise; each run records the GPU's memory per process (nvidia-smi)
   "hardpairs" (no counts) serves the `duplicates` cross-encoder alone (.dev16/duplicates, from
                      make_payload.py) and asks it the hard pairs: the decisions on this processor
   INPROC_S=5         seconds each in-process run measures
@@ -61,7 +65,13 @@ WARMUP = os.environ.get("WARMUP", "0.25")
 DRAIN_S = os.environ.get("DRAIN_S", "0.5")
 STATS_TIMEOUT_S = os.environ.get("STATS_TIMEOUT_S", "1.0")
 START = {"fake": float(os.environ.get("START_FAKE", "2000")),
-         "embed": float(os.environ.get("START_EMBED", "1000"))}
+         "embed": float(os.environ.get("START_EMBED", "1000")),
+         "cuda": float(os.environ.get("START_CUDA", "2000"))}
+CUDA_SITE = Path(os.environ.get("CUDA_SITE", "/tmp/site-gpu"))
+CUDA_PAYLOAD = Path(os.environ.get("CUDA_PAYLOAD", "/tmp/payw"))
+# Where the lent machine's image keeps CUDA 13's libraries (the onnxruntime-gpu build loads
+# libcublas.so.13 and libcudart.so.13; BENCHMARKS.md "GPU", 2026-11-22).
+NVIDIA_LIBS = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia"
 MAX_RATE = os.environ.get("MAX_RATE", "200000")
 MIN_RUN_S = float(os.environ.get("MIN_RUN_S", "15"))  # no run starts with less time left
 INPROC_S = float(os.environ.get("INPROC_S", "5"))
@@ -132,12 +142,15 @@ def repository(model: str, instances: int) -> Path:
     config = embed_config()
     config["instance_group"] = {"count": instances}
     shutil.copy(HERE / "embed" / "tokenizer.json", folder / "tokenizer.json")
+    if model == "cuda" and not (folder / "model.onnx").is_file():
+        (folder / "model.onnx").write_bytes(
+            lzma.decompress((CUDA_PAYLOAD / "embed" / "model.onnx.xz").read_bytes()))
     if model == "fake":
         config["backend"] = "fake"
         config.pop("pipeline", None)
         config["parameters"] = {k: v for k, v in config["parameters"].items()
                                 if k != "model_file"}
-    elif not (folder / "model.onnx").is_file():
+    elif model == "embed" and not (folder / "model.onnx").is_file():
         started = time.monotonic()
         (folder / "model.onnx").write_bytes(
             lzma.decompress((HERE / "embed" / "model.onnx.xz").read_bytes()))
@@ -148,13 +161,38 @@ def repository(model: str, instances: int) -> Path:
 
 # -- the server ----------------------------------------------------------------------------
 
-def start_server(repo: Path, workers: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def cuda_env() -> dict[str, str]:
+    """The server's environment for a `cuda` run: onnxruntime-gpu ahead of the CPU build, and
+    CUDA's libraries on the loader's path."""
+    libs = sorted(str(p) for p in Path(NVIDIA_LIBS).glob("*/lib"))
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join([str(CUDA_SITE), os.environ.get("PYTHONPATH", "")]),
+            "LD_LIBRARY_PATH": os.pathsep.join([*libs, os.environ.get("LD_LIBRARY_PATH", "")])}
+
+
+def gpu_memory() -> dict[str, Any]:
+    """Each process's memory on the GPU and the device's total in use (nvidia-smi), MiB."""
+    def query(what: str) -> list[list[str]]:
+        done = subprocess.run(["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20)
+        return [[f.strip() for f in line.split(",")] for line in done.stdout.splitlines() if line]
+    try:
+        apps = query("compute-apps=pid,used_memory")
+        used = query("gpu=memory.used,memory.total")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+    return {"per_process_mib": {pid: float(mib) for pid, mib in apps},
+            "device_used_total_mib": used[0] if used else None}
+
+
+def start_server(repo: Path, workers: int, log_path: Path,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """In a process group of its own, so that `stop_server` ends the workers too."""
     port = free_port()
     command = serve_command(repo, port, "--grpc", "off", "--cores", str(len(SERVER_CPUS)),
                             "--workers", str(workers))
     log("  $ " + " ".join(command[1:]))
-    server = launch(command, port, log_path, cpus=SERVER_CPUS, own_group=True)
+    server = launch(command, port, log_path, env=env, cpus=SERVER_CPUS, own_group=True)
     servers.append(server.process)
     return server.process, server.url
 
@@ -238,17 +276,22 @@ def one_run(model: str, workers: int, connections: int, instances: int,
     log(f"{name}: --workers {workers} on {len(SERVER_CPUS)} cores")
     repo = repository(model, instances)
     server_log = WORK / f"server-{name}.log"
-    proc, url = start_server(repo, workers, server_log)
+    proc, url = start_server(repo, workers, server_log,
+                             cuda_env() if model == "cuda" else None)
     try:
         ready_s = wait_ready(url, proc, server_log, timeout_s=min(90.0, max(1.0, left())))
         run["ready_s"] = round(ready_s, 1)
         run["idle_rss_mb"] = rss_mb(proc.pid)
+        if model == "cuda":  # no process on the GPU: the sessions fell back to the CPU
+            run["gpu_memory_ready"] = gpu_memory()
         previous = [r.get("max_rate") for r in figures["runs"]
                     if r["model"] == model and r.get("max_rate")]
         # Start the search where the last N of this model ended: fewer doublings.
         start = max(START[model], previous[-1]) if previous else START[model]
         run.update(bench(url, name, start, connections))
         run["peak_rss_mb"] = peak_rss_mb(proc.pid)
+        if model == "cuda":
+            run["gpu_memory_after"] = gpu_memory()
         run["server_alive_after"] = proc.poll() is None
     except Exception as exc:  # recorded, the next run goes on
         run["error"] = str(exc)
@@ -363,7 +406,7 @@ def main() -> None:
             model, *options = model.split("-")
             connections = next((int(o[1:]) for o in options if o.startswith("c")), 4)
             instances = next((int(o[1:]) for o in options if o.startswith("i")),
-                             len(SERVER_CPUS))
+                             1 if model == "cuda" else len(SERVER_CPUS))
             for n in counts.split(","):
                 one_run(model, int(n), connections, instances, figures)
     finally:
