@@ -4,9 +4,10 @@ SIGTERM gets anything but a 200 and the supervisor exits 0 within the drain time
 worker left; reloads of `embed` under load fail no request and reach both workers; a worker
 SIGKILLed under load is replaced and serves again within 30 s while the other answers, the
 only requests lost being those on the killed worker's connections at the kill (in flight, or
-written before the client saw the connection close: within LOST_WINDOW_S of it); one gRPC
-channel under load, its connection ended every AGE_S (GOAWAY), fails no call and reaches both
-workers, where without the age one worker holds it throughout. Also shown,
+written before the client saw the connection close: within LOST_WINDOW_S of it); under load,
+HTTP connections closed at an age of AGE_S fail no request, and one gRPC channel whose
+connection is ended at that age (GOAWAY) fails no call and reaches both workers, where
+without the age one worker holds it throughout. Also shown,
 with no target: how much of the CPU work the replacement does once ready, and how many
 connections the survivor, holding them all, handed back (`connection: close`) to even them
 out."""
@@ -42,7 +43,7 @@ from faults.reload import reload_embed
 from faults.sigterm import DRAIN_S, QUEUE, sigterm_with_queue
 from queryserve.bench.server_process import connections_on, free_port, ready_status
 
-TITLE = "Two workers (`--workers 2`): SIGTERM, reloads, a killed worker and an aged gRPC channel"
+TITLE = "Two workers (`--workers 2`): SIGTERM, reloads, a killed worker and aged connections"
 PATH = "/v2/models/embed/infer"
 FLAGS = ("--workers", "2", "--cores", "2")
 REPLACE_S = 30.0
@@ -50,8 +51,8 @@ LOST_WINDOW_S = 0.1
 """A request scheduled this long after the kill was sent once the client knew the connection
 had gone: it must not be lost."""
 AGE_S = 0.25
-"""`--grpc-max-connection-age` in the gRPC scenario: far below the 60 s default, so that one
-run ends the channel's connection some hundred times."""
+"""`--max-connection-age` in the aging scenario: far below the 60 s default, so that one run
+ends each connection some dozens of times."""
 CALLS_IN_FLIGHT = 16
 
 
@@ -63,7 +64,7 @@ def worker_pids(server: Server) -> dict[int, int]:
 
 def measure(mode: Mode) -> dict[str, Any]:
     parts = {"sigterm": _sigterm(mode), "reload": _reload(mode), "kill": _kill(mode),
-             "grpc": _grpc_aging(mode)}
+             "http_aging": _http_aging(mode), "grpc": _grpc_aging(mode)}
     return {**parts, "verdicts": [v for part in parts.values() for v in part["verdicts"]]}
 
 
@@ -168,6 +169,29 @@ def _kill(mode: Mode) -> dict[str, Any]:
     }
 
 
+def _http_aging(mode: Mode) -> dict[str, Any]:
+    """200 req/s over 8 keep-alive connections, each closed after an answer at AGE_S."""
+    repository = one_model_repository("embed", OUT / "repositories" / "workers-http-aging")
+    stream = Stream(PATH, [kserve_body([q]) for q in queries(2000)], 200.0, connections=8)
+    with serving(repository, "workers-http-aging", *FLAGS,
+                 "--max-connection-age", f"{AGE_S:g}") as server:
+        with Background(server.url, stream, max_s=300, drain_s=10) as load:
+            log(f"workers: 200 req/s over 8 connections, each closed at an age of {AGE_S:g} s")
+            time.sleep(mode.pick(20.0, 4.0))
+            (records,) = load.stop()
+        aged = server.metric("queryserve_http_connections_aged_total")
+    whole = summarize(records)
+    return {
+        "load": whole, "aged": aged,
+        "verdicts": [
+            verdict(whole["non_200"] == 0 and (aged or 0) > 0,
+                    f"HTTP aging: {whole['non_200']} non-200 among {whole['requests']:,} "
+                    f"requests while {aged or 0:.0f} connections were closed at an age of "
+                    f"{AGE_S:g} s (target: 0, and some closed)"),
+        ],
+    }
+
+
 def _grpc_aging(mode: Mode) -> dict[str, Any]:
     """One tritonclient gRPC channel, CALLS_IN_FLIGHT calls in flight on it, against the two
     workers: once with the connection never aged, once ended every AGE_S."""
@@ -176,7 +200,7 @@ def _grpc_aging(mode: Mode) -> dict[str, Any]:
     for name, age in (("never", 0.0), ("aged", AGE_S)):
         port = free_port()
         with serving(repository, f"workers-grpc-{name}", *FLAGS, "--grpc", f"127.0.0.1:{port}",
-                     "--grpc-max-connection-age", f"{age:g}") as server:
+                     "--max-connection-age", f"{age:g}") as server:
             log(f"workers: one gRPC channel, {CALLS_IN_FLIGHT} calls in flight, connection "
                 f"age {'never ended' if not age else f'{age:g} s'}")
             arms[name] = asyncio.run(_one_channel(port, worker_pids(server),
@@ -261,14 +285,14 @@ def _alive(pid: int) -> bool:
 
 
 def render(f: dict[str, Any]) -> list[str]:
-    s, r, k, g = f["sigterm"], f["reload"], f["kill"], f["grpc"]
+    s, r, k, g, h = f["sigterm"], f["reload"], f["kill"], f["grpc"], f["http_aging"]
     before = s["before"]
     return [
         "`embed` alone, served by `queryserve serve --workers 2 --cores 2` (two workers of one",
         "core each, one instance each): the same faults as sections 2 and 3, a worker killed,",
-        "and one gRPC channel whose connection the server ends every "
-        f"{AGE_S:g} s (`--grpc-max-connection-age`,",
-        "60 s by default). Figures are the whole server's (`/metrics` sums both workers).",
+        "and connections the server ends at an age of "
+        f"{AGE_S:g} s (`--max-connection-age`, 60 s by",
+        "default). Figures are the whole server's (`/metrics` sums both workers).",
         "",
         "| scenario | figure | value |",
         "|---|---|---|",
@@ -297,6 +321,11 @@ def render(f: dict[str, Any]) -> list[str]:
         f"| | the replacement's share of both workers' CPU work after it was ready; "
         f"connections handed back | {k['replacement_share']:.0%}; "
         f"{k['handed_back'] or 0:.0f} |",
+        f"| 200 req/s over 8 keep-alive connections, each closed after an answer once "
+        f"{g['age_s']:g} s old | requests; connections closed at their age | "
+        f"{h['load']['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in h["load"]["outcomes"].items())
+        + f" (p99 {ms(h['load']['p99_ms'])} ms); {h['aged'] or 0:.0f} |",
         *(f"| one gRPC channel (tritonclient), {CALLS_IN_FLIGHT} calls in flight, connection "
           + ("never ended" if arm == "never" else f"ended every {g['age_s']:g} s")
           + f" | calls; failed; connections seen; samples each worker held it "

@@ -3,8 +3,8 @@
 Both workers answer; `/metrics` and the statistics (HTTP and gRPC) count exactly what was sent,
 whichever worker a scrape reaches; a reload under load reaches both and fails no request; a
 worker killed with SIGKILL is replaced while the other serves; SIGTERM with ~2,000 items queued
-answers every request written before it, and every process exits; one gRPC channel, its
-connection aged, reaches both workers. A real server on 127.0.0.1
+answers every request written before it, and every process exits; one HTTP client and one
+gRPC channel, their connection aged, reach both workers. A real server on 127.0.0.1
 with fake models (a set compute time per batch), every wait bounded.
 """
 
@@ -242,31 +242,44 @@ def test_connections_are_evened_out_over_the_workers(tmp_path: Path) -> None:
         stop_server(server)
 
 
-def test_a_grpc_channel_is_placed_afresh_as_its_connection_ages(tmp_path: Path) -> None:
-    """One gRPC channel is one HTTP/2 connection, which the kernel gives one worker for its
-    life. With `--grpc-max-connection-age 0.3` the server ends it (GOAWAY) after its calls, the
-    client reconnects on its own and the kernel places it afresh: within a few connections both
-    workers have served the one channel, and no call failed."""
+def test_a_connection_is_placed_afresh_as_it_ages(tmp_path: Path) -> None:
+    """One keep-alive HTTP connection, or one gRPC channel (one HTTP/2 connection), is given to
+    one worker by the kernel for its life. With `--max-connection-age 0.3` the server ends it
+    after an answer (HTTP: `connection: close`, counted; gRPC: GOAWAY once its calls finish),
+    the client reconnects on its own and the kernel places it afresh: within a few connections
+    both workers have served the one client, and no request failed."""
     import tritonclient.grpc as grpcclient
 
     write_fake_model(tmp_path, "fast", max_batch_size=8, max_queue_size=256)
     grpc_port = free_port()
     server = start_server(tmp_path, tmp_path / "server.log", *WORKERS,
-                          "--grpc", f"127.0.0.1:{grpc_port}", "--grpc-max-connection-age", "0.3")
+                          "--grpc", f"127.0.0.1:{grpc_port}", "--max-connection-age", "0.3")
     try:
+        answered_by: set[str] = set()
+        deadline = time.monotonic() + 20  # ~60 connections: 2^-59 to miss a worker
+        with httpx.Client(timeout=10) as client:  # one keep-alive connection at a time
+            while len(answered_by) < 2 and time.monotonic() < deadline:
+                answer = client.post(f"{server.url}/v2/models/fast/infer",
+                                     json=infer_body("aging"))
+                assert answer.status_code == 200, answer.text
+                answered_by.add(answer.headers["x-request-id"].split("-")[0])
+                time.sleep(0.02)
+        assert len(answered_by) == 2, "one worker answered the one HTTP client throughout"
+        assert scrape(server.url)["queryserve_http_connections_aged_total[]"] >= 1
+
         pids = worker_pids(server)
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        channel = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         text = grpcclient.InferInput("text", [1, 1], "BYTES")
         text.set_data_from_numpy(np.array([[b"play some jazz"]], dtype=object))
         holders: set[int] = set()
-        calls, deadline = 0, time.monotonic() + 20  # ~60 connections: 2^-59 to miss a worker
+        calls, deadline = 0, time.monotonic() + 20
         while len(holders) < 2 and time.monotonic() < deadline:
-            assert client.infer("fast", [text]).as_numpy("embedding").shape == (1, 16)
+            assert channel.infer("fast", [text]).as_numpy("embedding").shape == (1, 16)
             calls += 1
             holders |= set(connections_on(grpc_port, pids).values())
             time.sleep(0.02)
         assert holders == {0, 1}, f"only worker(s) {holders} held the channel in {calls} calls"
-        client.close()
+        channel.close()
     finally:
         stop_server(server)
 

@@ -160,6 +160,26 @@ async def test_read_timeout_408_and_idle_timeout_close() -> None:
 
 
 @on_uvloop
+async def test_a_connection_past_its_age_is_closed_after_its_next_answer() -> None:
+    """`max_connection_age_s`: the answers before the age keep the connection; the first one
+    after says `connection: close` and the server closes it, counted; pipelined requests
+    already read are answered first."""
+    async with serving(Echo(), max_connection_age_s=0.3) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/young"))
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and "connection" not in headers
+        await asyncio.sleep(0.4)
+        writer.write(get("/old") + get("/old-too"))  # both read before the first is answered
+        first, second = await read_response(reader), await read_response(reader)
+        assert [first[0], second[0]] == [200, 200]
+        assert "connection" not in first[1] and second[1]["connection"] == "close"
+        assert await closed(reader, 1.0)
+        assert server.aged == 1 and server.rebalanced == 0
+        writer.close()
+
+
+@on_uvloop
 async def test_client_leaving_cancels_its_running_request() -> None:
     handler = Echo()
     async with serving(handler) as (server, port):

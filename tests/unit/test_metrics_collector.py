@@ -34,7 +34,7 @@ def state_with(tmp_path: Path, model_name: str, stats: ModelStats,
     repository.models[model_name] = model
     state = ServerState(repository)
     state.transport = SimpleNamespace(  # type: ignore[assignment]
-        connections=2, unanswered=1, refused=0, evicted=0, rebalanced=0,
+        connections=2, unanswered=1, refused=0, evicted=0, rebalanced=0, aged=0,
         rejections=reasons if reasons is not None else dict.fromkeys(REJECTION_REASONS, 0))
     return state
 
@@ -95,6 +95,7 @@ def test_every_rejection_reason_is_exported_from_zero(tmp_path: Path) -> None:
     for reason in REJECTION_REASONS:
         assert parsed[("queryserve_http_rejections_total", (("reason", reason),))] == 0
     assert parsed[("queryserve_http_connections_rebalanced_total", ())] == 0
+    assert parsed[("queryserve_http_connections_aged_total", ())] == 0
 
 
 async def scrape(state: ServerState, accept: str | None) -> tuple[str, bytes]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -130,11 +131,12 @@ def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
                         help="open connections at most; at the cap the connection silent "
                              "longest makes room, or a newcomer gets a 503 (default: "
                              "%(default)s, half this process's file limit at most)")
-    limits.add_argument("--grpc-max-connection-age", type=non_negative, default=None,
-                        metavar="S", help="a gRPC connection this old is ended (GOAWAY) once "
-                                          "its calls finish, and the client reconnects: each "
-                                          "channel is placed afresh on a worker or replica "
-                                          "(default: 60; 0: never)")
+    limits.add_argument("--max-connection-age", type=non_negative,
+                        default=http.max_connection_age_s, metavar="S",
+                        help="a connection this old is ended after its next answer (HTTP: "
+                             "connection: close; gRPC: GOAWAY once its calls finish) and the "
+                             "client reconnects, placed afresh on a worker or replica "
+                             "(default: %(default)g; 0: never)")
     limits.add_argument("--drain-timeout", type=positive, default=DRAIN_TIMEOUT_S, metavar="S",
                         help="on SIGTERM or SIGINT, how long accepted requests get to finish "
                              "(default: %(default)g)")
@@ -152,9 +154,9 @@ def run_serve_command(args: argparse.Namespace) -> int:
         args.repository, host, port, args.cores, Limits(args.max_items),
         HttpLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                    idle_timeout_s=args.idle_timeout, header_timeout_s=args.header_timeout,
-                   max_connections=args.max_connections),
-        args.drain_timeout, grpc=args.grpc,
-        grpc_max_connection_age_s=args.grpc_max_connection_age, api_keys=tuple(keys),
+                   max_connections=args.max_connections,
+                   max_connection_age_s=args.max_connection_age or math.inf),
+        args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
         aliases=dict(args.served_model_name), access_log=args.access_log,
         otlp_endpoint=args.otlp_endpoint, prepare=args.prepare)

@@ -53,8 +53,9 @@ class ConnectionOwner(Protocol):
         """The connection is gone."""
         ...
 
-    def rebalance(self) -> bool:
-        """Close a connection after its answer: the worker holds more than its share."""
+    def hand_back(self, opened_at: float) -> bool:
+        """Close a connection after its answer: the worker holds more than its share, or the
+        connection is too old."""
         ...
 
 

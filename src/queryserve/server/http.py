@@ -29,6 +29,7 @@ from queryserve.server.http_types import (
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_BODY_BYTES,
+    MAX_CONNECTION_AGE_S,
     MAX_HEADER_BYTES,
     MAX_URL_BYTES,
     READ_TIMEOUT_S,
@@ -45,7 +46,8 @@ from queryserve.server.response_queue import MAX_PIPELINED
 
 __all__ = [
     "DRAIN_TIMEOUT_S", "FEED_BYTES", "HEADER_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_BODY_BYTES",
-    "MAX_HEADER_BYTES", "MAX_PIPELINED", "MAX_URL_BYTES", "READ_TIMEOUT_S", "REJECTION_REASONS",
+    "MAX_CONNECTION_AGE_S", "MAX_HEADER_BYTES", "MAX_PIPELINED", "MAX_URL_BYTES",
+    "READ_TIMEOUT_S", "REJECTION_REASONS",
     "Handler", "HttpConnection", "HttpLimits", "HttpServer", "RejectionReason", "Request",
     "Response", "json_error", "start_http_server",
 ]
@@ -72,6 +74,7 @@ class HttpServer:
         self.limits = limits
         self.share = share  # with workers: the connections each of them holds
         self.rebalanced = 0  # connections closed after an answer to even out the workers
+        self.aged = 0  # connections closed after an answer at `max_connection_age_s`
         self.live: set[HttpConnection] = set()
         # Connections that have not sent a byte yet, oldest first: at the cap, the oldest of
         # them makes room for a newcomer, so silent connections cannot lock real clients out.
@@ -108,14 +111,20 @@ class HttpServer:
         when asked (a scrape, the drain), so requests pay nothing for it."""
         return sum(connection.unanswered for connection in self.live)
 
-    def rebalance(self) -> bool:
-        """Whether the connection that has just been answered should close: this worker holds
-        more than its share of the server's connections. Its client reconnects, and the kernel
-        hashes the new connection afresh, to any worker."""
-        if self.share is None or self.draining or not self.share.over(len(self.live)):
-            return False
-        self.rebalanced += 1
-        return True
+    def hand_back(self, opened_at: float) -> bool:
+        """Whether the connection that has just been answered (opened at `opened_at`, loop
+        time) should close: this worker holds more than its share of the server's connections,
+        or the connection is older than `max_connection_age_s`. Its client reconnects, and the
+        kernel or a load balancer places the new connection afresh."""
+        if self.draining:
+            return False  # the drain closes every connection anyway
+        if self.share is not None and self.share.over(len(self.live)):
+            self.rebalanced += 1
+            return True
+        if self.loop.time() - opened_at > self.limits.max_connection_age_s:
+            self.aged += 1
+            return True
+        return False
 
     def _tick(self) -> None:
         self.date = _date_line()

@@ -22,6 +22,14 @@ MAX_HEADER_BYTES = 64 * 1024  # the request head, request line included
 READ_TIMEOUT_S = 30.0  # a request begun may pause this long before it is refused (408)
 IDLE_TIMEOUT_S = 300.0  # a keep-alive connection with nothing to do is closed after this
 HEADER_TIMEOUT_S = 10.0  # a request head must arrive whole within this of its first byte
+MAX_CONNECTION_AGE_S = 60.0
+"""A client keeps a connection (HTTP keep-alive, or a gRPC channel's one HTTP/2 connection) for
+as long as it can, and the kernel (SO_REUSEPORT, between workers) or a Kubernetes Service
+(between pods) placed it once: without an end to it, the workers or replicas that came up
+after a client connected (a replaced worker, a scale-up) get none of its requests. At this
+age an HTTP connection is closed after its next answer (`connection: close`) and a gRPC one
+gets a GOAWAY (grpc adds +-10% jitter) once its calls finish; the client reconnects on its own
+and is placed afresh. Once a minute costs a client one connection set-up."""
 
 RejectionReason = Literal[
     "bad_request",  # 400: a request line, header, Content-Length or target that does not parse
@@ -84,6 +92,9 @@ class HttpLimits:
     """A request head over this is refused with 431 as it streams in."""
     max_connections: int = field(default_factory=_default_max_connections)
     """Connections over this are answered 503 and closed at once (`HttpServer.refused`)."""
+    max_connection_age_s: float = MAX_CONNECTION_AGE_S
+    """A connection older than this is ended after its next answer (HTTP) or once its calls
+    finish (gRPC); `math.inf`: never."""
 
     def __post_init__(self) -> None:
         for limit in fields(self):

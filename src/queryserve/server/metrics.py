@@ -113,6 +113,11 @@ class ServerCollector:
             "more than its share of the server's (--workers); the client reconnects, hashed "
             "afresh to any worker.",
             value=transport.rebalanced)
+        yield CounterMetricFamily(
+            "queryserve_http_connections_aged_total",
+            "Connections closed after an answer (connection: close) at --max-connection-age; "
+            "the client reconnects, placed afresh on a worker or replica.",
+            value=transport.aged)
         rejections = CounterMetricFamily(
             "queryserve_http_rejections_total",
             "Requests and connections the transport refused before any route saw them, by "

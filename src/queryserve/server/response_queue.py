@@ -31,8 +31,9 @@ class Answerer(Protocol):
     loop: asyncio.AbstractEventLoop
     date: bytes  # the `date` header line, renewed each second
 
-    def rebalance(self) -> bool:
-        """Close this connection after its answer: the worker holds more than its share."""
+    def hand_back(self, opened_at: float) -> bool:
+        """Close this connection after its answer: the worker holds more than its share, or the
+        connection is too old (`HttpServer.hand_back`)."""
         ...
 
 
@@ -72,6 +73,7 @@ class ResponseQueue:
         self.write_paused = False  # the client is not taking its answers: start nothing new
         self.fatal: Response | None = None  # an error to send once the current answer is out
         self.closing = False  # close once the requests read so far are answered
+        self.opened_at = self.loop.time()  # made with its connection, when it was accepted
 
     @property
     def busy(self) -> bool:
@@ -149,10 +151,11 @@ class ResponseQueue:
             response = json_error(500, "internal server error")
         else:
             response = task.result()
-        # The last answer before closing says so; so does one the worker hands back to even
-        # out the workers' connections (the client reconnects, maybe to another worker).
+        # The last answer before closing says so; so does one the worker hands back, to even
+        # out the workers' connections or at the connection's age (the client reconnects,
+        # maybe to another worker or replica).
         if (not self.pending and self.fatal is None and not connection.reading_a_request()
-                and (self.closing or (keep_alive and self.server.rebalance()))):
+                and (self.closing or (keep_alive and self.server.hand_back(self.opened_at)))):
             keep_alive = False
         self.write(response, keep_alive, head)
         if self.fatal is not None and not self.pending:

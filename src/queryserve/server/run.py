@@ -55,9 +55,6 @@ class ServeOptions:
     """On SIGTERM/SIGINT, how long accepted requests and queued items get to finish."""
     grpc: tuple[str, int] | None = None
     """Where KServe v2 gRPC listens; None: no gRPC."""
-    grpc_max_connection_age_s: float | None = None
-    """A gRPC connection is ended (GOAWAY) at this age, so that its channel is placed afresh
-    (`grpc.server.MAX_CONNECTION_AGE_S` says why); None: that module's default; 0: never."""
     api_keys: tuple[str, ...] = ()
     """Bearer keys every route but `/v2/health/*` needs; none: open."""
     allowed_hosts: tuple[str, ...] = ()
@@ -251,7 +248,7 @@ async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer |
     grpc_server = await start_grpc_server(state, host, port,
                                           max_message_bytes=options.http.max_body_bytes,
                                           reuse_port=options.seat is not None,
-                                          max_connection_age_s=options.grpc_max_connection_age_s,
+                                          max_connection_age_s=options.http.max_connection_age_s,
                                           grace_s=options.drain_timeout_s)
     log.info("listening on grpc://%s:%d (KServe v2 gRPC)", host, port)
     return grpc_server

@@ -42,6 +42,8 @@ class TransportCounts:
     """Refusals by reason (`queryserve.server.http.RejectionReason`)."""
     rebalanced: int = 0
     """Connections closed after an answer because their worker held more than its share."""
+    aged: int = 0
+    """Connections closed after an answer at `--max-connection-age`."""
 
     @property
     def refused(self) -> int:
@@ -55,6 +57,7 @@ class TransportCounts:
         self.connections += other.connections
         self.unanswered += other.unanswered
         self.rebalanced += other.rebalanced
+        self.aged += other.aged
         for reason, count in other.rejections.items():
             self.rejections[reason] = self.rejections.get(reason, 0) + count
 

@@ -59,6 +59,11 @@ class Connections(Protocol):
         ...
 
     @property
+    def aged(self) -> int:
+        """Connections closed after an answer at their age limit."""
+        ...
+
+    @property
     def rejections(self) -> Mapping[str, int]:
         """Refusals by reason (`queryserve.server.http.RejectionReason`), every reason present."""
         ...
@@ -122,7 +127,7 @@ class ServerState:
         transport = self.transport
         counts = None if transport is None else TransportCounts(
             transport.connections, transport.unanswered, dict(transport.rejections),
-            transport.rebalanced)
+            transport.rebalanced, transport.aged)
         models = {name: ModelFigures(m.stats, m.queue_depth)
                   for name, m in self.repository.models.items()}
         worker = self.siblings.worker if self.siblings is not None else None

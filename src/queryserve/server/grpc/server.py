@@ -8,6 +8,7 @@ mix requests from both.
 from __future__ import annotations
 
 import logging
+import math
 
 import grpc
 
@@ -23,15 +24,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The largest request message accepted when the caller gives none (HTTP's body limit is
 passed in by `serve`)."""
-
-MAX_CONNECTION_AGE_S = 60.0
-"""A gRPC client sends every RPC over one HTTP/2 connection for the channel's life, and the
-kernel (SO_REUSEPORT between workers) or a Kubernetes Service (between pods) placed that
-connection once: without an end to it, one channel keeps one worker or one replica busy while
-the others idle, and replicas added by a scale-up get none of it. At this age (grpc adds
-+-10% jitter) the server sends GOAWAY; RPCs in flight finish, the channel reconnects on its
-own and is placed afresh. Once a minute costs a client one connection set-up. (`queryserve
-serve --grpc-max-connection-age` names this figure in its help.)"""
 
 
 class GrpcServer:
@@ -51,16 +43,15 @@ class GrpcServer:
 async def start_grpc_server(state: ServerState, host: str, port: int,
                             max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                             reuse_port: bool = False,
-                            max_connection_age_s: float | None = None,
+                            max_connection_age_s: float = math.inf,
                             grace_s: float = 30.0) -> GrpcServer:
     """Listen on `host:port` (port 0: any free port) and serve KServe v2 gRPC; a request
     message over `max_message_bytes` is refused (RESOURCE_EXHAUSTED) before it is read. With
     `reuse_port`, beside the other workers' listeners on the same port. A connection older
-    than `max_connection_age_s` (None: `MAX_CONNECTION_AGE_S`; 0: no limit) is ended once its
-    RPCs have had `grace_s` to finish."""
-    age_s = MAX_CONNECTION_AGE_S if max_connection_age_s is None else max_connection_age_s
-    aging = [] if not age_s else [
-        ("grpc.max_connection_age_ms", round(age_s * 1000)),
+    than `max_connection_age_s` is ended (GOAWAY) once its RPCs have had `grace_s` to finish:
+    the client reconnects, placed afresh (`http_types.MAX_CONNECTION_AGE_S` says why)."""
+    aging = [] if math.isinf(max_connection_age_s) else [
+        ("grpc.max_connection_age_ms", round(max_connection_age_s * 1000)),
         ("grpc.max_connection_age_grace_ms", round(grace_s * 1000))]
     server = grpc.aio.server(options=[
         *aging,
