@@ -65,3 +65,26 @@ def test_instances_times_threads_never_exceed_the_cores(tmp_path: Path) -> None:
     repo = ModelRepository(tmp_path, cores=2)
     model = repo.build("embed")
     assert model.threads == 1 and len(model.pipeline.scheduler.instances) == 2  # type: ignore[attr-defined]
+
+
+def test_a_cuda_session_that_cannot_start_cuda_is_made_again_for_the_cpu(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """onnxruntime-gpu where CUDA's libraries or the device are missing falls back to the CPU
+    with the graph fused as for CUDA (SkipLayerNormalization), 1.32x slower there
+    (benchmarks/cuda_fallback.py, BENCHMARKS.md). The backend then makes a CPU session and
+    says so. Here the CPU build refuses CUDA the same way (a provider it cannot start), and the
+    same branch runs: the graph the session runs is the CPU's."""
+    import onnx
+    import onnxruntime as ort
+
+    from queryserve.backends.onnxruntime import _cuda_session
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")  # the last session's
+    with caplog.at_level("WARNING", logger="queryserve.backends.onnxruntime"):
+        session = _cuda_session("embed", REPOSITORY / "embed" / "model.onnx", options)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert "model 'embed': this onnxruntime build has CUDA but could not start it" in caplog.text
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops

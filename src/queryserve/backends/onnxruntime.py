@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import onnxruntime as ort
 
 from queryserve.config import ModelConfig
@@ -15,6 +18,8 @@ from queryserve.types import Array
 # on one thread, in 1.31.1 and 1.32.0 alike (benchmarks/skip_layer_norm.py), so CPU sessions do
 # not fuse them. A CUDA session keeps the fusion (its kernel was not profiled here).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
+log = logging.getLogger(__name__)
 
 
 class OnnxRuntimeBackend:
@@ -32,12 +37,9 @@ class OnnxRuntimeBackend:
         # batches; on a few cores, yielding them is faster end to end.
         spin = "1" if config.parameter("allow_spinning", False) else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-        providers = ["CPUExecutionProvider"]
-        if "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
-        disabled = () if "CUDAExecutionProvider" in providers else CPU_DISABLED_OPTIMIZERS
-        self.session = ort.InferenceSession(str(path), options, providers=providers,
-                                            disabled_optimizers=disabled)
+        self.session = (_cuda_session(config.name, path, options)
+                        if "CUDAExecutionProvider" in ort.get_available_providers()
+                        else _cpu_session(path, options))
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.providers = tuple(self.session.get_providers())
@@ -46,3 +48,23 @@ class OnnxRuntimeBackend:
         feeds = {name: inputs[name] for name in self.input_names}
         values = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values, strict=True))
+
+
+def _cpu_session(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=CPU_DISABLED_OPTIMIZERS)
+
+
+def _cuda_session(name: str, path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    """A session on CUDA. An onnxruntime-gpu build lists CUDA wherever it is installed, and where
+    CUDA's libraries or the device are missing it logs an error and runs the session on the CPU
+    with the graph fused for CUDA (slower there: see above). Such a session is made again for
+    the CPU, and the fallback said in one line of ours."""
+    session = ort.InferenceSession(str(path), options,
+                                   providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    if "CUDAExecutionProvider" in session.get_providers():
+        log.info("model '%s': a session on CUDA", name)
+        return session
+    log.warning("model '%s': this onnxruntime build has CUDA but could not start it here (its "
+                "error above says why); running on the CPU", name)
+    return _cpu_session(path, options)
