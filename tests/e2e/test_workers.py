@@ -319,6 +319,19 @@ def test_sigterm_with_2000_items_queued_answers_every_request_then_exits_0(
             server.process.kill()
 
 
+def test_cores_that_the_workers_do_not_divide_are_said_to_run_no_instance(
+        tmp_path: Path) -> None:
+    """Each worker gets cores // workers (the kernel gives them equal load); a remainder runs
+    no model instance, and the log says which --workers would use every core."""
+    write_fake_model(tmp_path, "fast")
+    server = start_server(tmp_path, tmp_path / "server.log", "--workers", "2", "--cores", "3")
+    try:
+        assert ("2 workers on 3 cores: 1 each, and 1 core(s) run no model instance; "
+                "--workers 3 would use them all") in server.log_text()
+    finally:
+        stop_server(server)
+
+
 def test_a_repository_that_is_not_one_is_refused_once_not_by_every_worker(
         tmp_path: Path) -> None:
     done = subprocess.run(

@@ -160,13 +160,16 @@ def run_serve_command(args: argparse.Namespace) -> int:
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
         aliases=dict(args.served_model_name), access_log=args.access_log,
         otlp_endpoint=args.otlp_endpoint, prepare=args.prepare)
+    from queryserve.repository import available_cores
+    from queryserve.server.workers.plan import auto_workers, idle_cores
+
+    cores = args.cores or available_cores()
     workers = args.workers
     if workers is None:
-        from queryserve.repository import available_cores
-        from queryserve.server.workers.plan import auto_workers
-
-        workers, why = auto_workers(args.cores or available_cores(), args.repository)
+        workers, why = auto_workers(cores, args.repository)
         log.info("--workers auto: %d worker(s): %s", workers, why)
+    elif idle := idle_cores(cores, workers):
+        log.warning("%s", idle)
     if workers == 1:  # one process, no supervisor: nothing between the client and the loop
         serve(options)
         return 0

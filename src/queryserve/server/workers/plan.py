@@ -42,5 +42,21 @@ def auto_workers(cores: int, repository: Path) -> tuple[int, str]:
     instances = most_instances(repository)
     per_worker = max(CORES_PER_WORKER, instances)
     workers = max(1, cores // per_worker)
+    left = f"; {cores % workers} left to no worker" if workers > 1 and cores % workers else ""
     return workers, (f"{cores} cores, {per_worker} per worker (one event loop feeds about "
-                     f"{CORES_PER_WORKER} cores; the largest model has {instances} instances)")
+                     f"{CORES_PER_WORKER} cores; the largest model has {instances} "
+                     f"instance(s)){left}")
+
+
+def idle_cores(cores: int, workers: int) -> str | None:
+    """What `workers` leave idle of `cores`, with the counts that would use them all; None when
+    they divide them (or outnumber them: the supervisor warns of that itself). The kernel gives
+    the workers equal parts of the load, so each gets cores // workers: on the 16-core Intel Xeon
+    (14 cores served), 10 workers ran 10 instances and served 2,875 req/s at p99 <= 10 ms where
+    7 workers ran 14 and served 4,000 (BENCHMARKS.md, "measured separately")."""
+    if workers == 1 or workers >= cores or cores % workers == 0:
+        return None
+    fits = [n for n in range(2, cores + 1) if cores % n == 0]
+    return (f"{workers} workers on {cores} cores: {cores // workers} each, and "
+            f"{cores % workers} core(s) run no model instance; --workers "
+            f"{' or '.join(map(str, fits[-3:]))} would use them all")
