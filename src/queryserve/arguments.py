@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 def number(value: str, *, above: float, allow_equal: bool = False,
@@ -33,6 +34,15 @@ def non_negative(value: str) -> float:
 
 def probability(value: str) -> float:
     return number(value, above=0, allow_equal=True, at_most=1)
+
+
+def folder_to_write(value: str) -> Path:
+    """A folder a command writes into: made if missing, refused at once if a file is there
+    (rather than after minutes of work, at the first write)."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a file; give a folder to write into")
+    return path
 
 
 def count(value: str) -> int:

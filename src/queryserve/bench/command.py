@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from queryserve.arguments import count, non_negative, positive
+from queryserve.arguments import count, folder_to_write, non_negative, positive
 from queryserve.bench.payloads import PROTOCOLS
 from queryserve.config import MAX_BATCH_OVERHEAD_TOKENS
 
@@ -41,6 +41,7 @@ def _number_list(cast: Callable[[str], N], what: str, example: str, *,
 _rates = _number_list(float, "rates", "100,200,400", above=0)
 _users = _number_list(int, "user counts", "1,4,16", above=0)
 _ints = _number_list(int, "integers", "0,1000,4000", above=-1)
+_counts = _number_list(int, "counts", "1,2,4", above=0)
 
 
 def _phase(value: str) -> tuple[int, float, float]:
@@ -143,7 +144,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("--max-connections", type=count, default=256,
                        help="most connections the open loop may open (gRPC: most calls in "
                             "flight)")
-    bench.add_argument("--out", type=Path, default=None,
+    bench.add_argument("--out", type=folder_to_write, default=None,
                        help="folder for results.json/.csv, report.html and plots "
                             "(default: bench-out/bench-DATE-TIME)")
     bench.add_argument("--no-progress", action="store_true", help="plain lines, no live bar")
@@ -278,13 +279,13 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                      help="model variants to try (default: every one that passed its gate)")
     rec.add_argument("--layouts", type=_layouts, default=None,
                      help="instances x threads to try, e.g. 1x2,2x1 (default: all that fit)")
-    rec.add_argument("--workers", type=_ints, default=None,
+    rec.add_argument("--workers", type=_counts, default=None,
                      help="server worker processes to try, the cores split between them, "
                           "e.g. 1,2,4 (default: 1 and each power of two up to the cores)")
     rec.add_argument("--spinning", type=_spinning, default=None,
                      help="ONNX Runtime thread spinning to try with multi-thread layouts: off, "
                           "on or off,on (default: off,on for ONNX models)")
-    rec.add_argument("--max-batch-sizes", type=_ints, default=None,
+    rec.add_argument("--max-batch-sizes", type=_counts, default=None,
                      help="e.g. 8,16,64 (default: 8,16,64 and the current one)")
     rec.add_argument("--delays-us", type=_ints, default=None,
                      help="max queue delays, e.g. 0,1000,4000 (default: those and the current)")
@@ -301,7 +302,7 @@ def add_recommend_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
                      help="the search's first rate, req/s (default: %(default)s)")
     rec.add_argument("--max-rate", type=positive, default=20_000.0,
                      help="the search never offers more, req/s (default: %(default)s)")
-    rec.add_argument("--out", type=Path, default=Path("bench-out/recommend"),
+    rec.add_argument("--out", type=folder_to_write, default=Path("bench-out/recommend"),
                      help="results, plots, state for resuming, the winning model.yaml "
                           "(default: %(default)s)")
     rec.add_argument("--no-progress", action="store_true", help="plain lines, no live bar")

@@ -149,6 +149,9 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
         config = yaml.safe_load((model_dir / "model.yaml").read_text())
     except OSError:
         raise BenchError(f"no model {sweep.model!r} in {sweep.repository}") from None
+    except yaml.YAMLError as exc:
+        raise BenchError(f"{model_dir / 'model.yaml'} is not valid YAML: "
+                         f"{' '.join(str(exc).split())}") from None
     files = plan.model_files(model_dir)
     start = plan.current_point(config, files, sweep.total_cores)
     base = plan.default_knobs(files, start, sweep.total_cores,

@@ -196,17 +196,17 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
                         ("--prefilter", options.prefilter)):
         if value is not None and not 0 <= value <= 1:
             raise DuplicatesError(f"{name} must be a probability from 0 to 1, got {value}")
+    work = output.with_name(output.name + ".parts")
+    if output.exists() and not work.exists():
+        raise DuplicatesError(f"{output} already exists; remove it or choose another output")
+    # Bad tables are refused before any work, and before the models: what the user typed first.
+    tables = [read_products(p, options.ignore_columns) for p in inputs]
     cross, model_threshold = scoring_model(options.model)
     if not cross:  # a bi-encoder blocks for itself and scores every neighbour pair (cheaply)
         options = replace(options, blocking=options.model, prefilter=0.0)
     if not (options.blocking / HEAD).is_file() or not (options.blocking / "model.yaml").is_file():
         raise DuplicatesError(f"{options.blocking} is not a prepared blocking model (model.yaml "
                               "and head.npz); run `queryserve prepare`")
-    work = output.with_name(output.name + ".parts")
-    if output.exists() and not work.exists():
-        raise DuplicatesError(f"{output} already exists; remove it or choose another output")
-    # Bad tables are refused before any work.
-    tables = [read_products(p, options.ignore_columns) for p in inputs]
     threshold = model_threshold if options.threshold is None else options.threshold
     minimum = threshold if options.min_probability is None else options.min_probability
     job = Job(work, options.model, options.blocking, cross, len(inputs), options.part_size,

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from queryserve.arguments import count, folder_to_write, positive
 from queryserve.duplicates.products import DATA
 from queryserve.duplicates.train import METHODS
 from queryserve.training import DEVICES
@@ -15,21 +16,21 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
     parser = tasks.add_parser(
         "duplicates", help="train the product-duplicates detector (Abt-Buy, Amazon-Google, "
                            "Walmart-Amazon) on the MiniLM encoder")
-    parser.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
-                                               "layout; the bi-encoder's head.npz) and "
-                                               "TRAINING.json")
+    parser.add_argument("out", type=folder_to_write,
+                        help="folder for the trained model (Hugging Face layout; the "
+                             "bi-encoder's head.npz) and TRAINING.json")
     parser.add_argument("--method", choices=(*METHODS, "cross-encoder"), default="finetune",
                         help="finetune: the bi-encoder, encoder and head together (served as "
                              "`duplicates-bi`, the batch job's blocking stage); cross-encoder: "
                              "both products read together (served as `duplicates`); head: the "
                              "head alone on the frozen encoder, for comparison (default: "
                              "%(default)s)")
-    parser.add_argument("--epochs", type=int, default=None,
+    parser.add_argument("--epochs", type=count, default=None,
                         help="passes over the train splits (default: 4 for cross-encoder, "
                              "2 otherwise)")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=count, default=None,
                         help="pairs per step (default: 16 for cross-encoder, 32 otherwise)")
-    parser.add_argument("--learning-rate", type=float, default=None,
+    parser.add_argument("--learning-rate", type=positive, default=None,
                         help="peak learning rate (default: 1e-4 for cross-encoder, 5e-5 "
                              "otherwise)")
     parser.add_argument("--no-hints", action="store_true",
@@ -53,13 +54,14 @@ def add_duplicates_parser(tasks: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="train on this device; auto takes a CUDA GPU when PyTorch sees "
                              "one (default: %(default)s)")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
-    parser.add_argument("--minutes", type=float, default=None,
+    parser.add_argument("--max-steps", type=count, default=None,
+                        help="stop after this many steps")
+    parser.add_argument("--minutes", type=positive, default=None,
                         help="cross-encoder: a time budget for the run: the learning rate "
                              "decays to zero over it and training stops at its end, mid-epoch "
                              "if need be (--epochs is then an upper bound); test scoring and "
                              "saving come after")
-    parser.add_argument("--limit", type=int, default=None,
+    parser.add_argument("--limit", type=count, default=None,
                         help="use only the first N pairs of each split (a quick try)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", type=Path, default=DATA,

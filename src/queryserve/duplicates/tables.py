@@ -63,7 +63,8 @@ def _rows(path: Path) -> list[dict[str, object]]:
 def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
     """A table's products, each as one text; the `ignore` columns (any case) left out of it."""
     if not path.is_file():
-        raise DuplicatesError(f"{path} does not exist")
+        raise DuplicatesError(f"{path} is not a file" if path.exists()
+                              else f"{path} does not exist")
     if path.suffix.lower() not in READS:
         raise DuplicatesError(f"{path}: expected a product table ({', '.join(READS)})")
     rows = _rows(path)

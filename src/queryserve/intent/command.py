@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from queryserve.arguments import count, folder_to_write, positive
 from queryserve.intent.train import DATA, METHODS
 from queryserve.training import DEVICES
 
@@ -14,17 +15,19 @@ def add_intent_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
     intent = tasks.add_parser(
         "intent", help="train the query intent classifier (MASSIVE's 60 intents) on the "
                        "MiniLM encoder")
-    intent.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
-                                               "layout) and TRAINING.json")
+    intent.add_argument("out", type=folder_to_write,
+                        help="folder for the trained model (Hugging Face layout) and "
+                             "TRAINING.json")
     intent.add_argument("--method", choices=METHODS, default="finetune",
                         help="finetune: the whole encoder with a classification head; head: a "
                              "linear head on the frozen encoder's embeddings, for comparison "
                              "(default: %(default)s)")
-    intent.add_argument("--epochs", type=int, default=7, help="(default: %(default)s)")
-    intent.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
-    intent.add_argument("--learning-rate", type=float, default=1.5e-4,
+    intent.add_argument("--epochs", type=count, default=7, help="(default: %(default)s)")
+    intent.add_argument("--batch-size", type=count, default=32, help="(default: %(default)s)")
+    intent.add_argument("--learning-rate", type=positive, default=1.5e-4,
                         help="AdamW's (default: %(default)g)")
-    intent.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    intent.add_argument("--max-steps", type=count, default=None,
+                        help="stop after this many steps")
     intent.add_argument("--seed", type=int, default=0)
     intent.add_argument("--device", choices=DEVICES, default="auto",
                         help="auto takes a CUDA GPU when PyTorch sees one (default: "

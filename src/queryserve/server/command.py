@@ -12,9 +12,11 @@ import logging
 import math
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from queryserve.arguments import count, non_negative, positive
 from queryserve.config import is_model_name
+from queryserve.errors import ServeError
 from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits
 
 DEFAULT_REPOSITORY = Path("model_repository")
@@ -42,6 +44,30 @@ def _alias(value: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not ALIAS=MODEL, e.g. text-embedding-3-small=embed")
     return alias, model
+
+
+def _traces_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an OTLP/HTTP URL, e.g. http://127.0.0.1:4318/v1/traces")
+    return value
+
+
+def _origin(value: str) -> str:
+    """What a browser sends in `Origin`: scheme://host[:port] and nothing after it, or `*`."""
+    parts = urlsplit(value)
+    if value != "*" and (parts.scheme not in ("http", "https") or not parts.hostname
+                         or parts.path or parts.query or parts.fragment):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an origin: scheme://host[:port] (no path), or *")
+    return value
+
+
+def _host(value: str) -> str:
+    if not value or any(c.isspace() or c in "/@" for c in value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a host name, e.g. search.internal")
+    return value
 
 
 def _workers(value: str) -> int | None:
@@ -92,11 +118,24 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     serve.add_argument("--access-log", nargs="?", const="-", default=None, metavar="FILE",
                        help="write one JSON line per request (id, route, model, status, bytes, "
                             "time) to FILE, or to standard error with no FILE (default: off)")
-    serve.add_argument("--otlp-endpoint", default=None, metavar="URL",
+    serve.add_argument("--otlp-endpoint", type=_traces_url, default=None, metavar="URL",
                        help="send an OpenTelemetry span per request (traceparent honoured) to "
                             "this OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; "
                             "needs the tracing extra (default: off)")
     _add_connection_flags(serve)
+
+
+def _check_aliases(args: argparse.Namespace) -> None:
+    """An alias names a model of the repository (with --prepare, one not built yet is let be)."""
+    if not args.served_model_name or args.prepare:
+        return
+    from queryserve.repository import ModelRepository
+
+    names = ModelRepository(args.repository).names()
+    for alias, model in args.served_model_name:
+        if model not in names:
+            raise ServeError(f"--served-model-name {alias}={model}: {args.repository} has no "
+                             f"model '{model}' (it has: {', '.join(names) or 'none'})")
 
 
 def _add_access_flags(serve: argparse.ArgumentParser) -> None:
@@ -106,10 +145,12 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
                         help=f"require 'Authorization: Bearer KEY' on every route but "
                              f"/v2/health/* (repeatable; also ${API_KEY_VARIABLE}, "
                              f"comma-separated)")
-    access.add_argument("--allowed-hosts", action="append", default=[], metavar="HOST",
+    access.add_argument("--allowed-hosts", type=_host, action="append", default=[],
+                        metavar="HOST",
                         help="Host names answered to (repeatable); bound to loopback, loopback "
                              "names are always answered to and no others unless listed here")
-    access.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
+    access.add_argument("--cors-allow-origin", type=_origin, action="append", default=[],
+                        metavar="ORIGIN",
                         help="let web pages from ORIGIN (scheme://host[:port], or *) call the "
                              "server (repeatable; default: none, cross-origin requests get 403)")
 
@@ -163,11 +204,19 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from queryserve.repository import available_cores
     from queryserve.server.workers.plan import auto_workers, idle_cores
 
-    cores = args.cores or available_cores()
+    _check_aliases(args)
+    available = available_cores()
+    cores = args.cores or available
+    if cores > available:
+        log.warning("--cores %d: this process may use %d core(s); the models' threads will "
+                    "oversubscribe them", cores, available)
     workers = args.workers
-    if workers is None:
-        workers, why = auto_workers(cores, args.repository)
+    if workers is None:  # never more workers than the machine has cores for
+        workers, why = auto_workers(min(cores, available), args.repository)
         log.info("--workers auto: %d worker(s): %s", workers, why)
+    elif workers > cores:
+        raise ServeError(f"--workers {workers} on {cores} core(s): each worker runs at least "
+                         f"one model instance thread; give at most {cores}, or more --cores")
     elif idle := idle_cores(cores, workers):
         log.warning("%s", idle)
     if workers == 1:  # one process, no supervisor: nothing between the client and the loop
@@ -178,7 +227,6 @@ def run_serve_command(args: argparse.Namespace) -> int:
     if args.prepare:  # workers load what is there when they start: prepare it all first
         import subprocess
 
-        from queryserve.errors import ServeError
         from queryserve.server.run import prepare_argv
 
         prepared = subprocess.run(prepare_argv(args.repository))

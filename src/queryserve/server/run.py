@@ -207,7 +207,8 @@ async def _prepare_and_load(repository: ModelRepository, folder: Path) -> None:
     code = await prepare.wait()
     if code != 0:
         log.error("queryserve prepare exited %d: the models it had not prepared are not "
-                  "served (readiness stays 503); its output above says why", code)
+                  "served (readiness is 503 while a model of the repository is not); its "
+                  "output above says why", code)
 
 
 @dataclass

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from queryserve.arguments import count, probability
+from queryserve.arguments import count, folder_to_write, positive, probability
 from queryserve.spell.data import DATA, check_data
 from queryserve.training import DEVICES
 
@@ -17,21 +17,22 @@ def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
     spell = tasks.add_parser(
         "spell", help="train the seq2seq query spelling corrector (a small character-level "
                       "BART or T5)")
-    spell.add_argument("out", type=Path, help="folder for the trained model (Hugging Face "
-                                              "layout) and its checkpoint")
-    spell.add_argument("--minutes", type=float, default=55.0,
+    spell.add_argument("out", type=folder_to_write,
+                       help="folder for the trained model (Hugging Face layout) and its "
+                            "checkpoint")
+    spell.add_argument("--minutes", type=positive, default=55.0,
                        help="training time budget (default: %(default)s)")
-    spell.add_argument("--max-steps", type=int, default=None,
+    spell.add_argument("--max-steps", type=count, default=None,
                        help="stop after this many steps too")
-    spell.add_argument("--batch-size", type=int, default=64)
-    spell.add_argument("--learning-rate", type=float, default=1e-3)
+    spell.add_argument("--batch-size", type=count, default=64)
+    spell.add_argument("--learning-rate", type=positive, default=1e-3)
     spell.add_argument("--warmup-steps", type=int, default=300)
     spell.add_argument("--architecture", choices=["bart", "t5"], default="bart",
                        help="bart: learned absolute positions, which make copying quick to "
                             "learn; t5: relative positions only (default: %(default)s)")
-    spell.add_argument("--d-model", type=int, default=192)
-    spell.add_argument("--encoder-layers", type=int, default=4)
-    spell.add_argument("--decoder-layers", type=int, default=2)
+    spell.add_argument("--d-model", type=count, default=192)
+    spell.add_argument("--encoder-layers", type=count, default=4)
+    spell.add_argument("--decoder-layers", type=count, default=2)
     spell.add_argument("--fp32", action="store_true", help="train without bf16 autocast")
     spell.add_argument("--seed", type=int, default=0)
     spell.add_argument("--device", choices=DEVICES, default="auto",
@@ -75,8 +76,9 @@ def _folder_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser], n
                    description: str) -> argparse.ArgumentParser:
     """A `train` task that writes a servable spelling model folder from the data."""
     parser = tasks.add_parser(name, help=description)
-    parser.add_argument("out", type=Path, help="the model folder to write, e.g. "
-                                               f"model_repository/{name.replace('-channel', '')}")
+    parser.add_argument("out", type=folder_to_write,
+                        help=f"the model folder to write, e.g. "
+                             f"model_repository/{name.replace('-channel', '')}")
     parser.add_argument("--data", type=Path, default=DATA,
                         help="the repository's data folder (default: %(default)s)")
     return parser
@@ -151,9 +153,11 @@ def run_eval_command(args: argparse.Namespace) -> None:
     from queryserve.spell.report import print_tables
     from queryserve.spell.scoring import Score, answer, at_min_score, score
 
-    if args.curves is not None and (args.curves.is_dir() or not args.curves.parent.is_dir()):
-        raise ConfigError(f"--curves {args.curves}: a PNG file's path is needed, in a folder "
-                          "that exists")
+    for flag, path in (("--curves", args.curves), ("--json", args.json)):
+        # Checked before minutes of evaluation, not at the end when the file is written.
+        if path is not None and (path.is_dir() or not path.parent.is_dir()):
+            raise ConfigError(f"{flag} {path}: a file's path is needed, in a folder that "
+                              "exists")
     check_data(args.data)
     correctors: list[Corrector] = [open_corrector(folder) for folder in args.models]
     sets = SpellSets.build(args.data, args.size, args.seed, args.seeds or SEEDS)

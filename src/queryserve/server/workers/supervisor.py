@@ -106,10 +106,7 @@ class Supervisor:
         grpc = options.grpc
         if grpc is not None:
             grpc = (grpc[0], held.enter_context(_reserve(*grpc)).getsockname()[1])
-        cores = options.cores or len(os.sched_getaffinity(0))
-        if self.workers > cores:
-            log.warning("%d workers on %d cores: each still runs one thread per instance, so "
-                        "they oversubscribe the CPU", self.workers, cores)
+        cores = options.cores or len(os.sched_getaffinity(0))  # >= workers (`serve` checks)
         return dataclasses.replace(options, port=http.getsockname()[1], grpc=grpc,
                                    cores=max(1, cores // self.workers))
 

@@ -1,0 +1,85 @@
+"""The command line as a careless user meets it: each mistake refused at once, in one line that
+names the flag or the file, with a non-zero exit and no traceback; before any work, not after it.
+
+Each case here was a traceback, a silent acceptance or an error that hid the real one
+(a session's walk through every command with bad input, 2026-11-28).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port, write_fake_model
+
+
+def queryserve(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "queryserve", *args], capture_output=True,
+                          text=True, timeout=60, cwd=cwd)
+
+
+def refused(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert done.returncode == code, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("train", "intent", "OUT", "--epochs", "0"),  # was a ZeroDivisionError after loading
+    ("train", "intent", "OUT", "--batch-size", "0"),
+    ("train", "duplicates", "OUT", "--method", "cross-encoder", "--epochs", "0"),
+    ("train", "spell", "OUT", "--minutes", "-1"),  # was exit 0 with an untrained model
+    ("recommend", "--workers", "0"),  # was accepted, and the sweep ran
+], ids=["intent-epochs", "intent-batch", "duplicates-epochs", "spell-minutes", "workers"])
+def test_a_count_or_a_duration_that_cannot_be_is_a_usage_error(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    done = queryserve(*(str(tmp_path / "out") if a == "OUT" else a for a in args))
+    refused(done, 2, "must be")
+    assert not (tmp_path / "out").exists()  # nothing was started, nothing left behind
+
+
+def test_an_output_that_is_a_file_is_refused_before_the_work(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for args in (("train", "spell-channel", str(a_file)),
+                 ("bench", "http://127.0.0.1:9", "--rate", "5", "--out", str(a_file))):
+        refused(queryserve(*args), 2, f"{a_file} is a file; give a folder to write into")
+    # eval spell's --json was written after the whole evaluation, into a folder not there
+    refused(queryserve("eval", "spell", str(tmp_path), "--json", str(tmp_path / "no" / "s.json")),
+            1, "--json", "a file's path is needed, in a folder that exists")
+
+
+def test_recommend_names_a_model_yaml_that_is_not_yaml(tmp_path: Path) -> None:
+    write_fake_model(tmp_path, "broken")
+    (tmp_path / "broken" / "model.yaml").write_text("backend: [fake\nmax_batch_size: 8\n")
+    refused(queryserve("recommend", "--repository", str(tmp_path), "--model", "broken",
+                       "--out", str(tmp_path / "out")), 1, "model.yaml is not valid YAML")
+
+
+def test_serve_refuses_what_it_could_only_fail_at_later(tmp_path: Path) -> None:
+    write_fake_model(tmp_path, "fast")
+    serve = ("serve", "--repository", str(tmp_path), "--http", f"127.0.0.1:{free_port()}",
+             "--grpc", "off")
+    refused(queryserve(*serve, "--workers", "3", "--cores", "2"), 1,
+            "--workers 3 on 2 core(s): each worker runs at least one model instance thread")
+    refused(queryserve(*serve, "--served-model-name", "x=nope"), 1,
+            "--served-model-name x=nope:", "has no model 'nope' (it has: fast)")
+    refused(queryserve(*serve, "--otlp-endpoint", "notaurl"), 2, "is not an OTLP/HTTP URL")
+    refused(queryserve(*serve, "--cors-allow-origin", "not an origin"), 2, "is not an origin")
+    refused(queryserve(*serve, "--cors-allow-origin", "https://app.example/"), 2,
+            "is not an origin")  # a browser's Origin has no path: this one would never match
+    refused(queryserve(*serve, "--allowed-hosts", ""), 2, "is not a host name")
+
+
+def test_the_batch_job_names_a_missing_input_before_the_models(tmp_path: Path) -> None:
+    """Run from another folder, the default model paths do not resolve either; the input the
+    user typed is what is wrong first."""
+    refused(queryserve("batch", "duplicates", "missing.csv", "out.csv", cwd=tmp_path), 1,
+            "missing.csv does not exist")
+    (tmp_path / "a-folder.csv").mkdir()
+    refused(queryserve("batch", "duplicates", "a-folder.csv", "out.csv", cwd=tmp_path), 1,
+            "a-folder.csv is not a file")
