@@ -50,7 +50,7 @@ def test_an_output_that_is_a_file_is_refused_before_the_work(tmp_path: Path) -> 
         refused(queryserve(*args), 2, f"{a_file} is a file; give a folder to write into")
     # eval spell's --json was written after the whole evaluation, into a folder not there
     refused(queryserve("eval", "spell", str(tmp_path), "--json", str(tmp_path / "no" / "s.json")),
-            1, "--json", "a file's path is needed, in a folder that exists")
+            1, "--json", "a JSON file's path is needed, in a folder that exists")
 
 
 def test_recommend_names_a_model_yaml_that_is_not_yaml(tmp_path: Path) -> None:

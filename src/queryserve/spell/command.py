@@ -153,11 +153,11 @@ def run_eval_command(args: argparse.Namespace) -> None:
     from queryserve.spell.report import print_tables
     from queryserve.spell.scoring import Score, answer, at_min_score, score
 
-    for flag, path in (("--curves", args.curves), ("--json", args.json)):
+    for flag, kind, path in (("--curves", "PNG", args.curves), ("--json", "JSON", args.json)):
         # Checked before minutes of evaluation, not at the end when the file is written.
         if path is not None and (path.is_dir() or not path.parent.is_dir()):
-            raise ConfigError(f"{flag} {path}: a file's path is needed, in a folder that "
-                              "exists")
+            raise ConfigError(f"{flag} {path}: a {kind} file's path is needed, in a folder "
+                              "that exists")
     check_data(args.data)
     correctors: list[Corrector] = [open_corrector(folder) for folder in args.models]
     sets = SpellSets.build(args.data, args.size, args.seed, args.seeds or SEEDS)
