@@ -50,11 +50,11 @@ def auto_workers(cores: int, repository: Path) -> tuple[int, str]:
 
 def idle_cores(cores: int, workers: int) -> str | None:
     """What `workers` leave idle of `cores`, with the counts that would use them all; None when
-    they divide them (or outnumber them: the supervisor warns of that itself). The kernel gives
+    they divide them, or outnumber them (`serve` refuses that before asking). The kernel gives
     the workers equal parts of the load, so each gets cores // workers: on the 16-core Intel Xeon
     (14 cores served), 10 workers ran 10 instances and served 2,875 req/s at p99 <= 10 ms where
     7 workers ran 14 and served 4,000 (BENCHMARKS.md, "measured separately")."""
-    if workers == 1 or workers >= cores or cores % workers == 0:
+    if workers >= cores or cores % workers == 0:
         return None
     fits = [n for n in range(2, cores + 1) if cores % n == 0]
     return (f"{workers} workers on {cores} cores: {cores // workers} each, and "
