@@ -152,6 +152,7 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
     search pipeline last (it runs `spell`, `embed` and `intent`). The ONNX models are built as
     their committed variants (`optimize.committed`); `sweep` rebuilds them choosing again and
     writes the choices for the next commit."""
+    _check_checkout(repository, data)
     rebuild = force or sweep
     steps: tuple[tuple[str, Callable[[], None]], ...] = (
         ("embed", lambda: prepare_embed(repository, data, rebuild, sweep)),
@@ -172,6 +173,20 @@ def prepare_default_models(repository: Path, data: Path = Path("data/massive-en"
                   for name in ("embed", "intent", "duplicates", "duplicates-bi")}
         write_choices(chosen)
         print(f"{CHOICES}: {', '.join(f'{n} {c}' for n, c in chosen.items())} (commit it)")
+
+
+def _check_checkout(repository: Path, data: Path) -> None:
+    """The default models are built from the checkout's own files (models/, data/, the
+    repository's committed configs), named relative to it: say so before any work, and what
+    to do, when run from another folder."""
+    needed = (repository / "embed" / "model.yaml", data, SPELL_MODEL.parent)
+    missing = [str(path) for path in needed if not path.exists()]
+    if missing:
+        raise ExportError(
+            f"{', '.join(missing)} not found in {Path.cwd()}: `queryserve prepare` builds the "
+            "default models from a queryserve checkout's models/ and data/ folders and "
+            "model_repository/, so run it (or `make prepare`) in the checkout; --repository "
+            "and --data name other folders of the same kind")
 
 
 def prepare_search(repository: Path, data: Path = DATA, force: bool = False,
@@ -432,9 +447,6 @@ def prepare_spell_seq2seq(repository: Path, force: bool = False,
 def prepare_embed(repository: Path, data: Path = Path("data/massive-en"),
                   force: bool = False, sweep: bool = False) -> None:
     target = repository / "embed"
-    if not (target / "model.yaml").is_file():
-        raise ExportError(f"{target / 'model.yaml'} is missing: {repository} is not the default "
-                          "repository")
     if _already_prepared(target, "model.onnx", force):
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: weights are local

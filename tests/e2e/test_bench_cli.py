@@ -99,14 +99,20 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert run.returncode == 1 and "has no valid port" in run.stderr
 
 
-def test_a_run_in_which_nothing_succeeds_fails(real_server: RunningServer,
-                                               tmp_path: Path) -> None:
-    run = queryserve("bench", real_server.url, "--model", "nosuch", "--rate", "20",
-                     "--duration", "0.5", "--warmup", "0", "--out", str(tmp_path),
+def test_a_run_the_server_refuses_is_refused_before_the_load(real_server: RunningServer,
+                                                             tmp_path: Path) -> None:
+    # A max-rate search is minutes of load: a wrong model must not cost them.
+    started = time.monotonic()
+    run = queryserve("bench", real_server.url, "--model", "nosuch", "--out", str(tmp_path),
                      "--no-progress")
     assert run.returncode == 1, run.stderr
-    assert "no request succeeded" in run.stderr and "x 404" in run.stderr
-    assert (tmp_path / "results.json").is_file()  # what the server said is kept
+    assert "refused the first request with 404" in run.stderr and "nosuch" in run.stderr
+    assert "nothing was measured" in run.stderr and "Traceback" not in run.stderr
+    assert time.monotonic() - started < 20 and not (tmp_path / "results.json").exists()
+    run = queryserve("bench", real_server.url, "--protocol", "openai", "--model", "intent",
+                     "--rate", "20", "--duration", "0.5", "--no-progress", "--out",
+                     str(tmp_path))
+    assert run.returncode == 1 and "refused the first request with 4" in run.stderr, run.stderr
 
 
 def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path) -> None:

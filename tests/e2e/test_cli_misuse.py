@@ -83,3 +83,15 @@ def test_the_batch_job_names_a_missing_input_before_the_models(tmp_path: Path) -
     (tmp_path / "a-folder.csv").mkdir()
     refused(queryserve("batch", "duplicates", "a-folder.csv", "out.csv", cwd=tmp_path), 1,
             "a-folder.csv is not a file")
+
+
+def test_prepare_away_from_the_checkout_says_where_to_run_it(tmp_path: Path) -> None:
+    # Was "model_repository/embed/model.yaml is missing: model_repository is not the default
+    # repository", which names no fix.
+    refused(queryserve("prepare", cwd=tmp_path), 1, "not found in", "run it (or `make prepare`)"
+            " in the checkout")
+    # `serve --prepare` of a folder nothing can be prepared in turned ready with no models.
+    port = free_port()
+    done = queryserve("serve", "--prepare", "--repository", str(tmp_path), "--http",
+                      f"127.0.0.1:{port}", "--grpc", "off", cwd=tmp_path)
+    refused(done, 1, f"no model of {tmp_path} prepared: nothing to serve")

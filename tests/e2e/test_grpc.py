@@ -340,8 +340,8 @@ def test_queryserve_bench_over_grpc_reports_client_and_server_figures(served: Se
         [sys.executable, "-m", "queryserve", "bench", url, "--protocol", "grpc", "--model",
          "nope", "--rate", "50", "--duration", "0.5", "--warmup", "0", "--out",
          str(tmp_path / "nope"), "--no-progress"], capture_output=True, text=True, timeout=60)
-    assert failed.returncode == 1 and "no request succeeded" in failed.stderr
-    assert "404" in failed.stderr  # NOT_FOUND, reported as the HTTP status of that meaning
+    assert failed.returncode == 1 and "refused the first request with 404" in failed.stderr
+    assert "NOT_FOUND" in failed.stderr and not (tmp_path / "nope").exists()
 
 
 @pytest.fixture(scope="module")

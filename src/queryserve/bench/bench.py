@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from queryserve.bench.first_request import check_first_request
 from queryserve.bench.loadgen import LoadResult, run_closed_loop, run_open_loop, run_sync
 from queryserve.bench.payloads import DEFAULT_PATHS, Payloads
 from queryserve.bench.search import (
@@ -256,6 +257,7 @@ def run_bench(plan: BenchPlan, observer: StepObserver | None = None) -> dict[str
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     t0 = time.monotonic()
     try:
+        check_first_request(plan.url, plan.protocol, plan.payloads, plan.headers)
         outcome = run_sync(_run_steps(plan, observer or StepObserver()))
     except (ConnectionRefusedError, OSError) as exc:
         raise BenchError(f"cannot reach {plan.url}: {exc.strerror or exc}") from None

@@ -205,6 +205,9 @@ async def _prepare_and_load(repository: ModelRepository, folder: Path) -> None:
         await prepare.wait()
         raise
     code = await prepare.wait()
+    if code != 0 and not repository.models:  # a server of nothing would still turn ready
+        raise ServeError(f"queryserve prepare exited {code} with no model of {folder} "
+                         "prepared: nothing to serve (its output above says why)")
     if code != 0:
         log.error("queryserve prepare exited %d: the models it had not prepared are not "
                   "served (readiness is 503 while a model of the repository is not); its "

@@ -1,0 +1,87 @@
+"""One request before the load, so a run the server would refuse whole is refused at once.
+
+A wrong ``--model``, ``--protocol``, ``--path`` or API key makes every request of a run fail
+the same way; without this the whole plan (a max-rate search is minutes) would run before
+saying so. perf_analyzer reads the model's metadata first for the same reason. Only the
+client's own mistakes stop the run: 4xx (but 408 and 429, which are load) and their gRPC
+equivalents. A 5xx or a 503 is the server's state, which the run is there to measure.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from queryserve.bench.payloads import Payloads
+from queryserve.errors import BenchError
+
+TIMEOUT_S = 60.0  # a first request may wait for a cold model
+_LOAD_STATUSES = (408, 429)
+# The gRPC codes that mean "this request is wrong", with the HTTP status of that meaning
+# (as the KServe protocol maps them), so both protocols report alike.
+_GRPC_REFUSALS = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403,
+                  "NOT_FOUND": 404, "UNIMPLEMENTED": 501, "FAILED_PRECONDITION": 400}
+
+
+def check_first_request(url: str, protocol: str, payloads: Payloads,
+                        headers: dict[str, str]) -> None:
+    """Send the first body once; raise BenchError naming the server's own words if the
+    server refuses it as the client's mistake. Nothing listening: left to the load, which
+    says so in its own words (over gRPC, after waiting for the channel)."""
+    if protocol == "grpc":
+        refused = _grpc_refusal(url, payloads.bodies[0], headers)
+    else:
+        refused = _http_refusal(url, payloads, headers)
+    if refused is not None:
+        status, said = refused
+        raise BenchError(f"{url} refused the first request with {status}: {said}; "
+                         f"nothing was measured (check the URL, --model and --protocol)")
+
+
+def _http_refusal(url: str, payloads: Payloads, headers: dict[str, str]) -> tuple[int, str] | None:
+    sent = {"Content-Type": payloads.content_type, **headers,
+            **(payloads.body_headers[0] if payloads.body_headers else {})}
+    request = urllib.request.Request(url, data=payloads.bodies[0], headers=sent, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code >= 500 or exc.code < 400 or exc.code in _LOAD_STATUSES:
+            return None
+        return exc.code, _message(exc.read())
+    except (urllib.error.URLError, OSError):
+        return None  # unreachable or reset: the load reports it as it does today
+
+
+def _message(body: bytes) -> str:
+    """The error's text from the shapes servers answer with (KServe's ``{"error": "..."}``,
+    OpenAI's ``{"error": {"message": ...}}``, FastAPI's ``{"detail": ...}``), else the body."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:200] or "(no body)"
+    if isinstance(document, dict):
+        said = document.get("error", document.get("detail", document))
+        if isinstance(said, dict) and "message" in said:
+            said = said["message"]
+        return str(said)[:200]
+    return str(document)[:200]
+
+
+def _grpc_refusal(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str] | None:
+    import grpc
+
+    address = url.removeprefix("grpc://")
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=None, response_deserializer=None)
+        try:
+            call(body, timeout=TIMEOUT_S,
+                 metadata=[(name.lower(), value) for name, value in headers.items()])
+        except grpc.RpcError as exc:
+            code = exc.code()
+            status = _GRPC_REFUSALS.get(code.name)
+            if status is not None:
+                return status, f"{code.name}: {exc.details()}"
+    return None
