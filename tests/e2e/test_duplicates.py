@@ -519,3 +519,22 @@ def test_ray_engine_in_a_loopback_only_namespace(whole_run: Path, tables: tuple[
             [p for _, _, p, _ in local_rows], abs=1e-5)
     finally:
         subprocess.run(["ip", "netns", "delete", namespace], check=False)
+
+
+def test_a_pair_of_long_texts_costs_what_a_pair_of_cut_texts_does(
+        real_server: RunningServer) -> None:
+    """A tokenizer truncates a pair after building every overflow window of both texts: two
+    texts of 100 KB took 10 GB of the server's memory. Each text is now cut (at 16 characters
+    a token the model reads) before it is tokenized, and the answer is the same."""
+    def rss_mb() -> float:
+        status = Path(f"/proc/{real_server.process.pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines()
+                        if line.startswith("VmRSS:"))) / 1024
+
+    left, right = "apple ipod nano 8gb silver " * 1000, "apple ipod touch 8gb black " * 1000
+    before = rss_mb()
+    answers = [httpx.post(f"{real_server.url}/v1/duplicates", timeout=60, json={
+        "pairs": [[left[:n], right[:n]]]}) for n in (len(left), 4000)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert rss_mb() - before < 200, (before, rss_mb())
+    assert answers[0].json()["results"] == answers[1].json()["results"]

@@ -193,3 +193,34 @@ def test_perf_analyzer_runs_against_embed_unchanged(real_server: RunningServer) 
     # the server-side breakdown comes from our statistics extension
     assert "Server:" in result.stdout and "Inference count:" in result.stdout
     assert "compute infer" in result.stdout
+
+
+def test_one_long_text_does_not_hold_other_clients(real_server: RunningServer) -> None:
+    # A tokenizer reads a text whole and truncates after: 7 MB held every client, health
+    # probes included.
+    import threading
+    import time
+
+    text = "play some jazz " * (7 * 1024 * 1024 // 15)
+    took: list[float] = []
+
+    def big() -> None:
+        started = time.monotonic()
+        answer = httpx.post(f"{real_server.url}/v2/models/embed/infer", timeout=120, json={
+            "inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]})
+        took.append(time.monotonic() - started)
+        assert answer.status_code == 200, answer.text
+
+    sender = threading.Thread(target=big)
+    probes: list[float] = []
+    with httpx.Client(base_url=real_server.url, timeout=30) as client:
+        sender.start()
+        while sender.is_alive():
+            started = time.monotonic()
+            assert client.get("/v2/health/live").status_code == 200
+            probes.append(time.monotonic() - started)
+            time.sleep(0.02)
+    sender.join()
+    # 4-5 s for both on this host before (the text was tokenized whole, holding the GIL);
+    # 0.09 s after (cut at 16 characters a token the model reads).
+    assert took and took[0] < 2.0 and max(probes, default=0.0) < 1.0, (took, probes)

@@ -108,6 +108,12 @@ def test_token_ids_past_the_max_sequence_length_are_truncated_as_text_is(
     first = client.embeddings.create(model="embed", input=ids[:MAX_SEQUENCE_LENGTH],
                                      encoding_format="float")
     np.testing.assert_allclose(vectors(answer), vectors(first), atol=1e-6)
+    # A text's own ids, [SEP] last, are cut as the text is: the [SEP] stays (cos 0.9956 when
+    # it was cut off with the rest).
+    whole = open_tokenizer(REPOSITORY / "embed" / "tokenizer.json", 10_000).encode(text).ids
+    as_ids = client.embeddings.create(model="embed", input=whole, encoding_format="float")
+    as_text = client.embeddings.create(model="embed", input=text, encoding_format="float")
+    np.testing.assert_allclose(vectors(as_ids), vectors(as_text), atol=1e-5)
 
 
 @pytest.mark.parametrize(("body_input", "words"), [

@@ -558,3 +558,17 @@ def test_eval_and_train_on_a_folder_without_the_data_say_what_is_missing(tmp_pat
         assert result.returncode == 1 and "Traceback" not in result.stderr
         assert (f"{tmp_path} is not the repository's data folder: it lacks "
                 "billboard-hot100/hot100_songs_1997_2026.csv") in result.stderr
+
+
+def test_a_query_longer_than_the_seq2seq_reads_is_refused(real_server: RunningServer) -> None:
+    """Cut at its 128 positions, the query was answered with the rewrite of its beginning as
+    if that were all of it ("changed": true, score 0.97)."""
+    long_query = "taylor swfit " * 40
+    refused = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
+                         json={"queries": ["play some jazz", long_query],
+                               "model": "spell-seq2seq"})
+    assert refused.status_code == 400, refused.text
+    assert "longer than model 'spell-seq2seq' reads (128 tokens)" in refused.json()["error"]
+    fits = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
+                      json={"queries": [long_query[:100]], "model": "spell-seq2seq"})
+    assert fits.status_code == 200, fits.text

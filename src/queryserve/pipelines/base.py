@@ -32,10 +32,21 @@ R = TypeVar("R")  # one item's output row
 Res = TypeVar("Res")  # the typed answer to a request (queryserve.api)
 
 ENCODE_ON_LOOP_MAX = 32
-"""Requests of more texts are tokenized on a worker thread. On the loop, 1,024 long texts held
-every other client for 71-300 ms (measured with the intent tokenizer); on a thread, the loop's
-longest pause was 4 ms. Up to this many (the search bar sends one) stay on the loop, where a
-thread's hand-off would cost more than it saves."""
+ENCODE_ON_LOOP_MAX_CHARS = 2048
+"""Requests of more texts, or of more characters, are tokenized on a worker thread. On the
+loop, 1,024 long texts held every other client for 71-300 ms (measured with the intent
+tokenizer); on a thread, the loop's longest pause was 4 ms. Up to this many (the search bar
+sends one query; 2,048 characters tokenize in 1-3 ms) stay on the loop, where a thread's
+hand-off would cost more than it saves."""
+
+CHARS_PER_TOKEN = 16
+"""Each text is cut at this many characters a token the model reads (`max_sequence_length`)
+before it is tokenized. A tokenizer works on the whole text and truncates after: one text of
+8 MB held the server, health probes included, for 4-17 s (`Tokenizer.encode` keeps the GIL,
+so a thread did not help), and a pair's truncation builds every overflow window of both
+sides: two texts of 100 KB took 10 GB. English runs 4-5 characters a WordPiece token, so a
+cut text still holds more tokens than the model reads and gets the same answer; only runs of
+spaces or words over 100 characters, which become few tokens, could read differently."""
 
 
 def open_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -65,6 +76,7 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         self.output_name = config.outputs[0].name
         self.scheduler: Scheduler[P, R] = Scheduler(
             config.name, config.dynamic_batching, config.max_batch_size, backends, self, stats)
+        self.max_chars = config.parameter("max_sequence_length", 256) * CHARS_PER_TOKEN
         cache = config.response_cache
         self.cache: LruCache[str, tuple[R, int]] | None = (
             LruCache(cache.max_entries) if cache.enable else None)
@@ -149,9 +161,10 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         if self.cache is not None:
             misses, tokens = self._from_cache(keys, rows)
         if misses:
-            fresh = [texts[i] for i in misses]
-            fresh_pairs = None if pairs is None else [pairs[i] for i in misses]
-            if len(misses) <= ENCODE_ON_LOOP_MAX:
+            fresh = [texts[i][:self.max_chars] for i in misses]
+            fresh_pairs = None if pairs is None else [pairs[i][:self.max_chars] for i in misses]
+            if (len(misses) <= ENCODE_ON_LOOP_MAX and sum(map(len, fresh)) + sum(
+                    map(len, fresh_pairs or ())) <= ENCODE_ON_LOOP_MAX_CHARS):
                 payloads, elapsed_ns = self._encode_timed(fresh, fresh_pairs)
             else:  # the tokenizer releases the GIL: the loop serves others meanwhile
                 payloads, elapsed_ns = await asyncio.get_running_loop().run_in_executor(

@@ -29,6 +29,7 @@ from queryserve.backends.ctranslate2 import (
     token_rows,
 )
 from queryserve.config import ModelConfig
+from queryserve.errors import InvalidInput
 from queryserve.pipelines.base import TextPipeline
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
@@ -100,7 +101,16 @@ class TextToText(GeneratedText):
         self.tokenizer = tokenizer
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
-        return source_tokens(self.tokenizer, texts)
+        tokens = source_tokens(self.tokenizer, texts)
+        limit = (self.tokenizer.truncation or {}).get("max_length")
+        for text, row in zip(texts, tokens, strict=True):
+            # Cut, a text would be answered with the rewrite of its beginning, as if that were
+            # all of it (a correction that drops the rest of the query).
+            if limit is not None and len(row) >= limit and self.tokenizer.encode(text).overflowing:
+                raise InvalidInput(f"'{text[:40]}...' is longer than model "
+                                   f"'{self.config.name}' reads ({limit} tokens); send "
+                                   "shorter text")
+        return tokens
 
     def collate(self, payloads: Sequence[list[str]]) -> dict[str, Array]:
         return {SOURCE_TOKENS: token_rows(list(payloads))}

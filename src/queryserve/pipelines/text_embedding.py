@@ -64,6 +64,9 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         self.wants_token_types = "token_type_ids" in backends[0].input_names
         self.vocabulary_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.max_length: int | None = (tokenizer.truncation or {}).get("max_length")
+        # The id a truncated text still ends with ([SEP], or </s> for RoBERTa-like models).
+        self.end_id = next((i for token in ("[SEP]", "</s>")
+                            if (i := tokenizer.token_to_id(token)) is not None), None)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[Array]:
         if pairs is not None:
@@ -92,7 +95,14 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
                 raise InvalidInput(
                     f"token id {bad} (row {i}) is not in the vocabulary of model "
                     f"'{self.config.name}': ids run from 0 to {self.vocabulary_size - 1}")
-        return [np.asarray(ids[: self.max_length], dtype=np.int64) for ids in rows]
+        return [np.asarray(self._truncated(list(ids)), dtype=np.int64) for ids in rows]
+
+    def _truncated(self, ids: list[int]) -> list[int]:
+        if self.max_length is None or len(ids) <= self.max_length:
+            return ids
+        if self.end_id is not None and ids[-1] == self.end_id:  # as a cut text keeps it
+            return ids[: self.max_length - 1] + ids[-1:]
+        return ids[: self.max_length]
 
     def count(self, payload: Array) -> int:
         return int(payload.shape[-1])
