@@ -46,7 +46,9 @@ class RunningServer:
         return self.log.read_text(errors="replace")
 
 
-def start_server(repository: Path, log: Path, *extra: str, ready_s: float = 120) -> RunningServer:
+def start_server(repository: Path, log: Path, *extra: str, ready_s: float = 120,
+                 own_group: bool = False) -> RunningServer:
+    """`own_group`: in a process group of its own, for a test that signals the whole group."""
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -56,7 +58,8 @@ def start_server(repository: Path, log: Path, *extra: str, ready_s: float = 120)
              *(() if "--grpc" in extra else ("--grpc", "off")),
              # One process unless a test asks for workers: `auto` depends on the machine's cores.
              *(() if "--workers" in extra else ("--workers", "1")), *extra],
-            stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=own_group)
     server = RunningServer(f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:

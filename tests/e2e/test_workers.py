@@ -284,10 +284,14 @@ def test_a_connection_is_placed_afresh_as_it_ages(tmp_path: Path) -> None:
         stop_server(server)
 
 
+@pytest.mark.parametrize("to", ["supervisor", "group"])
 def test_sigterm_with_2000_items_queued_answers_every_request_then_exits_0(
-        tmp_path: Path) -> None:
+        tmp_path: Path, to: str) -> None:
+    """SIGTERM to the supervisor, or to the whole process group as systemd, `kill -- -PGID`
+    and tini -g send it: each worker then gets it twice, directly and forwarded, and the copy
+    made it exit at once, its queue unanswered."""
     write_fake_model(tmp_path, "slow", max_batch_size=8, max_queue_size=4096, delay_ms=20)
-    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS, own_group=True)
     pids = worker_pids(server)
     items, per_request = 2000, 20
 
@@ -300,7 +304,10 @@ def test_sigterm_with_2000_items_queued_answers_every_request_then_exits_0(
                 for i in range(items // per_request)]
             await asyncio.sleep(1.0)  # every request written and queued (2,000 items at 8 a
             # batch take 2.5 s per worker at 20 ms a batch)
-            server.process.send_signal(signal.SIGTERM)
+            if to == "group":
+                os.killpg(server.process.pid, signal.SIGTERM)
+            else:
+                server.process.send_signal(signal.SIGTERM)
             return [r.status_code if isinstance(r, httpx.Response) else type(r).__name__
                     for r in await asyncio.gather(*requests, return_exceptions=True)]
 

@@ -150,12 +150,16 @@ def _log_stopped(elapsed_s: float, unanswered: int) -> None:
 
 
 def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
-    """The event the first SIGTERM (or SIGINT) sets; a second one exits at once. A worker
-    leaves SIGINT to its supervisor: a terminal's Ctrl-C reaches the whole process group, and
-    the supervisor's forwarded SIGTERM would count as a second signal."""
+    """The event the first SIGTERM (or SIGINT) sets; in one process a second one exits at
+    once. A worker drains on its first SIGTERM and lets later ones be: a signal to the process
+    group (a terminal's Ctrl-C, systemd's default KillMode, `kill -- -PGID`, tini -g) reaches
+    it directly and again through its supervisor, and the copy is not an operator's second
+    signal (which the supervisor turns into SIGKILL). SIGINT is left to the supervisor."""
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
+        if stop.is_set() and worker:
+            return
         if stop.is_set():
             log.warning("second signal: exiting now")
             os._exit(128 + signum)

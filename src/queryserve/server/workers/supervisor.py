@@ -12,7 +12,9 @@ The supervisor:
 - reserves the ports first (a bound, never listening socket with SO_REUSEPORT), which resolves
   port 0, refuses a port another program holds, and keeps the port while a worker is replaced;
 - forwards SIGTERM and SIGINT as SIGTERM: every worker drains as one server does, and the
-  supervisor exits 0 when all have exited 0 (a second signal is forwarded too: they exit now);
+  supervisor exits 0 when all have exited 0; a worker takes a repeated SIGTERM as the same
+  one (a signal to the process group reaches it twice), so a second signal to the supervisor
+  is sent on as SIGKILL: they exit now;
 - replaces a worker that dies, after a back-off that doubles with each death in a row before
   it served; five in a row and it gives up, stops the others and exits 1 (never a restart loop);
 - dies with its workers: each asks the kernel for SIGTERM if the supervisor goes first.
@@ -180,17 +182,18 @@ class Supervisor:
         self.signals += 1
         if self.signals == 1:
             log.info("%s: draining %d workers", signal.Signals(signum).name, self.workers)
+            self._stop_all()
         else:
             log.warning("second signal: workers exit now")
-        self._stop_all()
+            self._stop_all(signal.SIGKILL)
 
-    def _stop_all(self) -> None:
+    def _stop_all(self, how: signal.Signals = signal.SIGTERM) -> None:
         self.stopping = True
         for slot in self.slots:
             slot.restart_at = None
             if slot.process is not None and slot.process.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+                    os.kill(slot.process.pid, how)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
