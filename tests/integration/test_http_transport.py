@@ -146,6 +146,32 @@ async def test_upgrade_answered_as_plain_http_then_closed() -> None:
 
 
 @on_uvloop
+async def test_an_upgrade_with_a_body_is_answered_with_its_body() -> None:
+    """`curl --http2 -d ... http://` sends Upgrade: h2c with its POST: llhttp ends the message
+    at its head, and the body was lost (a 400 "empty document" from the route)."""
+    head = (b"POST /infer HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+            b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n"
+            b"content-length: 11\r\n\r\n")
+    async with serving(Echo()) as (_, port):
+        for parts in ([head + b"hello world"], [head, b"hello", b" world"]):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for part in parts:  # the body in the head's packet, then in packets of its own
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            writer.write(get("/next"))  # after the upgrading request: not read
+            status, headers, body = await read_response(reader)
+            assert (status, headers["connection"]) == (200, "close")
+            assert orjson.loads(body)["body"] == "hello world"
+            assert await closed(reader, 1.0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.replace(b"content-length: 11", b"transfer-encoding: chunked")
+                     + b"5\r\nhello\r\n0\r\n\r\n")
+        status, headers, body = await read_response(reader)
+        assert status == 400 and b"chunked body with Upgrade" in body
+
+
+@on_uvloop
 async def test_read_timeout_408_and_idle_timeout_close() -> None:
     async with serving(Echo(), read_timeout_s=0.3, idle_timeout_s=0.3) as (_, port):
         stalled, stalled_writer = await asyncio.open_connection("127.0.0.1", port)

@@ -70,6 +70,11 @@ class RequestParser:
         self.parser = httptools.HttpRequestParser(self)
         self.in_message = False  # a request is partly read
         self.head_bytes = _NO_HEAD  # bytes fed while the current request head is incomplete
+        # A request that asked to upgrade (`curl --http2` on http://: Upgrade: h2c) with a
+        # body: llhttp ends the message at its head and leaves the body unparsed, as the new
+        # protocol's. Upgrade is ignored here (RFC 9110 7.8): its body is read raw, then the
+        # request is answered as HTTP/1.1 and the connection closed.
+        self.upgrading: tuple[Request, int] | None = None  # the request, body bytes to come
         self._reset()
 
     def _reset(self) -> None:
@@ -82,10 +87,16 @@ class RequestParser:
 
     def feed(self, data: bytes | memoryview) -> None:
         """Parse `data`; a request read whole goes to the sink, a bad one is refused."""
+        if self.upgrading is not None:
+            self._upgrade_body(data)
+            return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.sink.upgrade_requested()
+        except httptools.HttpParserUpgrade as exc:
+            if self.upgrading is not None:
+                self._upgrade_body(data[exc.args[0]:])
+            else:
+                self.sink.upgrade_requested()
             return
         except httptools.HttpParserCallbackError as exc:
             if not isinstance(exc.__context__, _Stop):  # a bug of ours, not the client's
@@ -105,6 +116,18 @@ class RequestParser:
                 if self.head_bytes > self.max_header_bytes:
                     self.sink.refuse(431, f"request headers (or trailers) are over the limit of "
                                           f"{self.max_header_bytes} bytes", "headers_too_large")
+
+    def _upgrade_body(self, data: bytes | memoryview) -> None:
+        assert self.upgrading is not None
+        request, left = self.upgrading
+        if left <= 0:
+            return  # answered already: what follows is not read
+        self.body.append(bytes(data[:left]))
+        left -= len(data)
+        self.upgrading = request, left
+        if left <= 0:
+            request.body = b"".join(self.body)
+            self.sink.received(request, False)
 
     def _refuse(self, status: int, message: str, reason: RejectionReason) -> NoReturn:
         """From a parser callback: answer with an error, close, and stop the parser."""
@@ -146,6 +169,9 @@ class RequestParser:
             if int(length) > self.max_body_bytes:
                 self._refuse(413, f"request body of {length} bytes is over the limit of "
                                   f"{self.max_body_bytes} bytes", "body_too_large")
+        if self.parser.should_upgrade() and "transfer-encoding" in self.headers:
+            self._refuse(400, "a chunked body with Upgrade is not read: this server speaks "
+                              "HTTP/1.1; send it without Upgrade", "upgrade")
         if self.headers.get("expect", "").lower() == "100-continue":
             self.sink.continue_expected()
 
@@ -176,10 +202,15 @@ class RequestParser:
             self._refuse(400, f"request target {self.url[:200]!r} is not a path", "bad_request")
         # An absolute-form target with no path ("http://host") means "/" (RFC 9112 3.2.2).
         path = parsed.path.decode("utf-8", "replace") if parsed.path else "/"
-        self.sink.received(Request(
+        request = Request(
             method=self.parser.get_method().decode("ascii"),
             path=unquote(path) if "%" in path else path,
             query=(parsed.query or b"").decode("utf-8", "replace"),
             headers=self.headers,
             body=b"".join(self.body),
-        ), self.parser.should_keep_alive())
+        )
+        length = int(self.headers.get("content-length") or 0)
+        if self.parser.should_upgrade() and length > 0:
+            self.upgrading = request, length  # its body follows, unparsed: see `upgrading`
+            return
+        self.sink.received(request, self.parser.should_keep_alive())
