@@ -140,6 +140,34 @@ def test_repository_index_load_and_unload(served: Served) -> None:
         client.load_model("reloadable", config='{"max_batch_size": 2}')
 
 
+def test_the_repository_routes_mean_the_same_over_http(served: Served) -> None:
+    """HTTP took no body on these routes: a config override (tritonclient's `load_model(config=
+    ...)`) was answered 200 and not applied, and `{"ready": true}` listed every model."""
+    http = triton_http.InferenceServerClient(served.http.host_port)
+    client = served.client()
+    http.unload_model("reloadable", unload_dependents=False)
+    try:
+        listed = {m["name"] for m in http.get_model_repository_index()}
+        ready = httpx.post(f"{served.http.url}/v2/repository/index", json={"ready": True})
+        assert "reloadable" in listed and ready.status_code == 200
+        assert {m["name"] for m in ready.json()} == listed - {"reloadable"}
+        ready_grpc = served.stub().RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True))
+        assert {m.name for m in ready_grpc.models} == listed - {"reloadable"}
+        with pytest.raises(InferenceServerException, match="load parameters"):
+            http.load_model("reloadable", config='{"max_batch_size": 2}')
+        with pytest.raises(InferenceServerException, match="unload parameters"):
+            http.unload_model("embed", unload_dependents=True)
+        for path, body in (("/v2/repository/models/reloadable/load", b"{"),
+                           ("/v2/repository/index", b'{"ready": "yes"}'),
+                           ("/v2/repository/models/reloadable/load", b'{"parameters": 3}')):
+            refused = httpx.post(f"{served.http.url}{path}", content=body)
+            assert refused.status_code == 400, (path, body, refused.text)
+        assert not http.is_model_ready("reloadable")  # nothing refused was done
+    finally:
+        http.load_model("reloadable")
+    assert http.is_model_ready("reloadable") and client.is_model_ready("reloadable")
+
+
 @pytest.mark.parametrize("model", ["fake", "embed"])
 def test_grpc_answers_the_vectors_http_does(served: Served, model: str) -> None:
     http = triton_http.InferenceServerClient(served.http.host_port)
@@ -295,10 +323,11 @@ def test_streaming_is_unimplemented_and_unknown_models_are_not_found(served: Ser
     assert code == grpc.StatusCode.UNIMPLEMENTED and "use ModelInfer" in details
     stub = served.stub()
     for call, request in ((stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="nope")),
-                          (stub.ModelConfig, service_pb2.ModelConfigRequest(name="nope")),
-                          (stub.ModelReady, service_pb2.ModelReadyRequest(name="nope"))):
+                          (stub.ModelConfig, service_pb2.ModelConfigRequest(name="nope"))):
         code, details = code_of(call, request)
         assert code == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in details
+    # Readiness is asked, not the model: Triton answers "not ready" for a model it lacks.
+    assert not stub.ModelReady(service_pb2.ModelReadyRequest(name="nope")).ready
 
 
 def perf_analyzer_env() -> dict[str, str]:

@@ -147,6 +147,5 @@ def test_an_alias_calls_its_model_on_every_route_and_over_grpc(served: Served) -
     result = client_grpc.infer("my-embed", [tensor])
     embedding = result.as_numpy("embedding")
     assert embedding is not None and embedding.shape == (1, 384)
-    with pytest.raises(InferenceServerException) as unknown_grpc:
-        client_grpc.is_model_ready("nope")
-    assert unknown_grpc.value.status() == str(grpc.StatusCode.NOT_FOUND)
+    # As Triton answers: not ready, not an error (tritonclient's wait-for-model loops poll it).
+    assert not client_grpc.is_model_ready("nope") and not client_grpc.is_model_ready("../x")

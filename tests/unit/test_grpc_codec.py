@@ -128,11 +128,12 @@ def test_config_of_a_model_and_of_an_ensemble_fit_tritons_message() -> None:
     assert [(s.model_name, s.model_version) for s in steps] == [("embed", -1)]
 
 
-def test_repository_index_can_list_the_ready_models_only() -> None:
+def test_repository_index_keeps_each_model_s_state_and_reason() -> None:
     entries = [{"name": "a", "version": "1", "state": "READY"},
                {"name": "b", "version": "1", "state": "UNAVAILABLE", "reason": "broken"}]
-    assert [m.name for m in codec.repository_index(entries, ready_only=True).models] == ["a"]
-    assert codec.repository_index(entries, ready_only=False).models[1].reason == "broken"
+    index = codec.repository_index(entries).models
+    assert [(m.name, m.state) for m in index] == [("a", "READY"), ("b", "UNAVAILABLE")]
+    assert index[1].reason == "broken"
 
 
 # -- the service: the API key and the one error mapping -------------------------------------

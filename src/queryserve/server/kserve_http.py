@@ -10,11 +10,13 @@ protocol's parts (`kserve_json.py`) -> the operation, which the gRPC front end s
 
 from __future__ import annotations
 
-from queryserve.errors import NotFound
+from typing import Any
+
+from queryserve.errors import InvalidInput, NotFound
 from queryserve.server import kserve, kserve_json
 from queryserve.server.http import Request, Response
 from queryserve.server.kserve_service import KServeService
-from queryserve.server.routing import Router, json_response
+from queryserve.server.routing import Router, json_body, json_response
 from queryserve.server.state import ServerState
 
 _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -80,12 +82,27 @@ class KServeRoutes:
                         [(kserve_json.HEADER_LENGTH, str(header_length))])
 
     async def repository_index(self, request: Request) -> Response:
-        return json_response(self.state.repository.index())
+        ready = _optional_body(request, '{"ready": true}').get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput(f"'ready' must be true or false, got {ready!r}")
+        return json_response(self.service.index(ready))
 
     async def load(self, request: Request, name: str) -> Response:
-        await self.state.load(name)
+        await self.service.load(name, _parameters(request))
         return Response(200)
 
     async def unload(self, request: Request, name: str) -> Response:
-        await self.state.unload(name)
+        await self.service.unload(name, _parameters(request))
         return Response(200)
+
+
+def _optional_body(request: Request, example: str) -> dict[str, Any]:
+    """The repository routes' JSON object, which a client may leave out."""
+    return json_body(request, example) if request.body.strip() else {}
+
+
+def _parameters(request: Request) -> dict[str, Any]:
+    parameters = _optional_body(request, '{"parameters": {}}').get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"'parameters' must be an object, got {parameters!r}"[:200])
+    return parameters

@@ -9,8 +9,10 @@ both, and readiness and statistics cannot disagree between them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from queryserve.config import ModelConfig
+from queryserve.errors import InvalidInput, NotFound
 from queryserve.repository import VERSION
 from queryserve.scheduling.stats import ModelStats
 from queryserve.server import kserve
@@ -42,6 +44,27 @@ class KServeService:
         model = self.state.repository.models.get(self.state.resolve(name))
         return model is not None and version in (None, "", VERSION) and model.ready()
 
+    def model_ready_or_not(self, name: str, version: str | None) -> bool:
+        """`model_ready`, with an unknown or unnameable model not ready rather than an error:
+        Triton's gRPC `ModelReady` answers so, and tritonclient's `is_model_ready` polls it."""
+        try:
+            return self.model_ready(name, version)
+        except (NotFound, InvalidInput):
+            return False
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """The repository's models and their states (`ready`: only those ready)."""
+        entries = self.state.repository.index()
+        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+    async def load(self, name: str, parameters: dict[str, Any]) -> None:
+        _check_parameters(parameters, "load")
+        await self.state.load(name)
+
+    async def unload(self, name: str, parameters: dict[str, Any]) -> None:
+        _check_parameters(parameters, "unload")
+        await self.state.unload(name)
+
     def metadata(self, name: str, version: str | None) -> dict[str, object]:
         return kserve.model_metadata(self.state.model(name, version).config, VERSION)
 
@@ -59,3 +82,15 @@ class KServeService:
         chosen = list(snapshot.models) if names is None else names
         return [(snapshot.models[n].stats if n in snapshot.models else ModelStats())
                 .as_triton_json(n, VERSION) for n in chosen]
+
+
+def _check_parameters(parameters: dict[str, Any], action: str) -> None:
+    """Triton's load takes a config or files to use instead of the repository's, its unload
+    `unload_dependents` (tritonclient always sends it, false by default). queryserve serves
+    the repository's own files and unloads one model at a time, so it refuses the rest rather
+    than ignore them (a client told its config was loaded would be served another)."""
+    given = {k for k, v in parameters.items() if not (k == "unload_dependents" and v is False)}
+    if given:
+        raise InvalidInput(f"{action} parameters ({', '.join(sorted(given))[:200]}) are not "
+                           f"supported; queryserve {action}s one model, as the repository "
+                           "holds it")

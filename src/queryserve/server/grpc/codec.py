@@ -148,7 +148,5 @@ def model_statistics(entries: list[dict[str, object]]) -> pb.ModelStatisticsResp
     return _parsed({"model_stats": entries}, pb.ModelStatisticsResponse())
 
 
-def repository_index(entries: list[dict[str, str]], ready_only: bool,
-                     ) -> pb.RepositoryIndexResponse:
-    models = [e for e in entries if e["state"] == "READY"] if ready_only else entries
-    return _parsed({"models": models}, pb.RepositoryIndexResponse())
+def repository_index(entries: list[dict[str, str]]) -> pb.RepositoryIndexResponse:
+    return _parsed({"models": entries}, pb.RepositoryIndexResponse())

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from queryserve.errors import InvalidInput, QueryServeError
+from queryserve.errors import QueryServeError
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.kserve_service import KServeService
@@ -91,8 +91,8 @@ class InferenceService:
 
     @_rpc
     async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name,
-                                                                    request.version))
+        return pb.ModelReadyResponse(ready=self.service.model_ready_or_not(request.name,
+                                                                           request.version))
 
     @_rpc
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
@@ -128,30 +128,17 @@ class InferenceService:
     @_rpc
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               ) -> pb.RepositoryIndexResponse:
-        return codec.repository_index(self.state.repository.index(), request.ready)
+        return codec.repository_index(self.service.index(request.ready))
 
     @_rpc
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   ) -> pb.RepositoryModelLoadResponse:
-        _check_parameters(codec.parameters(request.parameters), "load")
-        await self.state.load(request.model_name)
+        await self.service.load(request.model_name, codec.parameters(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     ) -> pb.RepositoryModelUnloadResponse:
-        _check_parameters(codec.parameters(request.parameters), "unload")
-        await self.state.unload(request.model_name)
+        await self.service.unload(request.model_name, codec.parameters(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
-
-def _check_parameters(parameters: dict[str, Any], action: str) -> None:
-    """Triton's load takes a config or files to use instead of the repository's, its unload
-    `unload_dependents` (tritonclient always sends it, false by default). queryserve serves
-    the repository's own files and unloads one model at a time, so it refuses the rest rather
-    than ignore them."""
-    given = {k for k, v in parameters.items() if not (k == "unload_dependents" and v is False)}
-    if given:
-        raise InvalidInput(f"{action} parameters ({', '.join(sorted(given))[:200]}) are not "
-                           f"supported; queryserve {action}s one model, as the repository "
-                           "holds it")
