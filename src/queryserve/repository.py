@@ -100,7 +100,9 @@ class ModelRepository:
     def build(self, name: str) -> AnyModel:
         """The model, ready to serve: blocking work for a worker thread."""
         if not self.exists(name):
-            raise NotFound(f"model '{shown(name)}' is not in the repository {self.root}")
+            # The repository's path is the operator's business, not a client's: not named.
+            raise NotFound(f"model '{shown(name)}' is not in the repository (no folder of that "
+                           "name with a model.yaml)")
         try:
             model = self.assemble(load_config(self.folder(name)))
         except QueryServeError as exc:
@@ -197,8 +199,9 @@ class ModelRepository:
         if name in self.errors:
             raise Unavailable(f"model '{name}' is not loaded: {self.errors[name]}")
         if self.exists(name):
-            raise Unavailable(f"model '{name}' is not loaded; load it with "
-                              f"POST /v2/repository/models/{name}/load")
+            raise Unavailable(f"model '{name}' is not loaded; load it through the repository "
+                              f"API (HTTP POST /v2/repository/models/{name}/load, gRPC "
+                              "RepositoryModelLoad)")
         raise NotFound(f"unknown model '{shown(name)}'; this server has: "
                        f"{', '.join(sorted(self.models)) or 'no models'}")
 

@@ -119,6 +119,26 @@ BAD_REQUESTS = [
                                              strict=True)), 400,
      "inference-header-content-length is '10000'"),
     ("too many items", {"json": json_infer(["q"] * 1025)}, 413, "at most 1024 are allowed"),
+    # Each of these was answered 200, the part in question ignored or misread.
+    ("binary_data as a string", {"json": {**json_infer(["a"]), "outputs": [
+        {"name": "embedding", "parameters": {"binary_data": "false"}}]}}, 400,
+     "'binary_data' must be true or false, got 'false'"),
+    ("binary_data_output as a string", {"json": {**json_infer(["a"]), "parameters": {
+        "binary_data_output": "false"}}}, 400, "'binary_data_output' must be true or false"),
+    ("an output asked for twice", {"json": {**json_infer(["a"]), "outputs": [
+        {"name": "embedding"}, {"name": "embedding"}]}}, 400,
+     "output 'embedding' is asked for twice"),
+    ("an output in shared memory", {"json": {**json_infer(["a"]), "outputs": [
+        {"name": "embedding", "parameters": {"shared_memory_region": "out0",
+                                             "shared_memory_byte_size": 1536}}]}}, 400,
+     "outputs[0]: shared memory is not supported"),
+    ("an id that is not a string", {"json": {**json_infer(["a"]), "id": {"a": 1}}}, 400,
+     "'id' must be a string"),
+    ("data and binary data both", dict(zip(("content", "headers"), (
+        b'{"inputs":[{"name":"text","shape":[1,1],"datatype":"BYTES","data":["x"],'
+        b'"parameters":{"binary_data_size":9}}]}\x05\x00\x00\x00hello',
+        {"inference-header-content-length": "110"}), strict=True)), 400,
+     "inputs[0] has both data and binary_data_size"),
     ("body over the size limit", {"content": b"x" * (8 * 1024 * 1024 + 1)}, 413,
      "over the limit of 8388608 bytes"),
 ]
@@ -224,3 +244,19 @@ def test_one_long_text_does_not_hold_other_clients(real_server: RunningServer) -
     # 4-5 s for both on this host before (the text was tokenized whole, holding the GIL);
     # 0.09 s after (cut at 16 characters a token the model reads).
     assert took and took[0] < 2.0 and max(probes, default=0.0) < 1.0, (took, probes)
+
+
+def test_the_binary_header_s_length_may_carry_whitespace(real_server: RunningServer) -> None:
+    import socket
+
+    body, headers = binary_body([b"play some jazz"])
+    length = headers["inference-header-content-length"]
+    with socket.create_connection(("127.0.0.1", real_server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/embed/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                     b"connection: close\r\ncontent-length: %d\r\n"
+                     b"inference-header-content-length:  %s \r\n\r\n"  # RFC 9110 5.5
+                     % (len(body), length.encode()) + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]

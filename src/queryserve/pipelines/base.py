@@ -156,8 +156,11 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         rows: list[R | None] = [None] * len(texts)
         tokens = 0
         misses = list(range(len(texts)))
-        keys = (texts if pairs is None or self.cache is None  # pair keys only for the cache
-                else [f"{a}\x00{b}" for a, b in zip(texts, pairs, strict=True)])
+        # Pair keys only for the cache: the first text's length in front, so no two pairs
+        # share one (texts may hold any character; with a separator, ("a|b", "c") and
+        # ("a", "b|c") did).
+        keys = (texts if pairs is None or self.cache is None
+                else [f"{len(a)}:{a}{b}" for a, b in zip(texts, pairs, strict=True)])
         if self.cache is not None:
             misses, tokens = self._from_cache(keys, rows)
         if misses:

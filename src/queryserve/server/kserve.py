@@ -93,6 +93,13 @@ class TensorPart(NamedTuple):
     data: object = None
     """Its elements in the codec's own form (JSON's nested lists, gRPC's typed contents), read
     by the codec's `DataReader` once the tensor is checked."""
+    parameters: Mapping[str, Any] = {}
+    """Its parameters, as the codec read them (`binary_data_size` already used)."""
+
+
+SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+"""Triton's shared-memory parameters. This server registers no regions: a tensor that names
+one is refused, rather than its output sent inline while the client reads its region."""
 
 
 DataReader = Callable[[object, str, list[int], str], InputValues]
@@ -117,6 +124,7 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     inputs: dict[str, InputValues] = {}
     for i, part in enumerate(parts):
+        _no_shared_memory(part.parameters, f"inputs[{i}]")
         spec = input_spec(part.name, i, config)
         where = f"input '{spec.name}'"
         count = check_tensor(spec, part.datatype, part.shape, config, where)
@@ -132,13 +140,31 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
     wanted: dict[str, bool] = {}
     classifications: dict[str, int] = {}
     for i, output in enumerate(outputs):
+        _no_shared_memory(output.parameters, f"outputs[{i}]")
         name, classes = requested_output(output.name, output.parameters, i, config)
-        wanted[name] = bool(output.parameters.get("binary_data", binary_default))
+        if name in wanted:  # answered once, a client reading outputs by position is misled
+            raise InvalidInput(f"outputs[{i}]: output '{name}' is asked for twice")
+        wanted[name] = flag(output.parameters, "binary_data", binary_default,
+                            f"outputs[{i}].parameters")
         if classes is not None:
             classifications[name] = classes
     return InferRequest(id=id, inputs=inputs, binary_outputs=wanted,
                         binary_default=binary_default, timeout_s=request_timeout(parameters),
                         parameters=parameters, classifications=classifications)
+
+
+def flag(parameters: Mapping[str, Any], name: str, default: bool, where: str) -> bool:
+    """A true-or-false parameter; "false" (a string) is not false, so it is refused."""
+    value = parameters.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{where}: '{name}' must be true or false, got {str(value)[:40]!r}")
+    return value
+
+
+def _no_shared_memory(parameters: Mapping[str, Any], where: str) -> None:
+    if any(name in parameters for name in SHARED_MEMORY):
+        raise InvalidInput(f"{where}: shared memory is not supported by this server (it "
+                           "registers no regions); send the data in the request")
 
 
 def server_metadata() -> dict[str, object]:

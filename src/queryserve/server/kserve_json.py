@@ -22,6 +22,7 @@ from queryserve.server.kserve import (
     InputValues,
     OutputPart,
     TensorPart,
+    flag,
     infer_request,
     numbers,
     raw_bytes,
@@ -38,6 +39,7 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
     header_length = headers.get(HEADER_LENGTH)
     if header_length is not None:
         # isdigit() alone admits digits int() refuses ('²'): ASCII digits only.
+        header_length = header_length.strip(" \t")  # a field value's optional whitespace
         if not (header_length.isascii() and header_length.isdigit()) \
                 or int(header_length) > len(body):
             raise InvalidInput(f"{HEADER_LENGTH} is {header_length[:40]!r}, but the body has "
@@ -53,9 +55,13 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     parts = _tensor_parts(raw_inputs, binary)
     parameters = _parameters(header.get("parameters"), "parameters")
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput(f"'id' must be a string, got {str(request_id)[:40]}")
     return infer_request(config, parts, _output_parts(header.get("outputs")), parameters,
-                         id=str(header["id"]) if header.get("id") is not None else None,
-                         binary_default=bool(parameters.get("binary_data_output", False)),
+                         id=request_id,
+                         binary_default=flag(parameters, "binary_data_output", False,
+                                             "parameters"),
                          read_data=_from_json)
 
 
@@ -83,18 +89,20 @@ def _tensor_parts(raw_inputs: list[Any], binary: memoryview) -> list[TensorPart]
         if not isinstance(raw, dict):
             raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype and "
                                "data")
-        given = raw.get("parameters")
-        size = None if given is None else _parameters(given, f"inputs[{i}].parameters") \
-            .get("binary_data_size")
+        given = _parameters(raw.get("parameters"), f"inputs[{i}].parameters")
+        size = given.get("binary_data_size")
         chunk = None
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
                     or offset + size > len(binary):
                 raise InvalidInput(f"inputs[{i}]: binary_data_size {size!r} does not fit the "
                                    "body")
+            if raw.get("data") is not None:  # as gRPC refuses contents beside raw contents
+                raise InvalidInput(f"inputs[{i}] has both data and binary_data_size; send "
+                                   "it one way")
             chunk, offset = binary[offset: offset + size], offset + size
         parts.append(TensorPart(raw.get("name"), raw.get("datatype"), raw.get("shape"), chunk,
-                                raw.get("data")))
+                                raw.get("data"), given))
     if offset != len(binary):
         raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no "
                            "input claims in 'binary_data_size'")

@@ -72,7 +72,8 @@ def decode_infer_request(request: pb.ModelInferRequest,
             raise InvalidInput(f"inputs[{i}] has both contents and raw_input_contents; send "
                                "every input one way")
         parts.append(kserve.TensorPart(tensor.name, tensor.datatype, list(tensor.shape),
-                                       memoryview(raw[i]) if raw else None, tensor.contents))
+                                       memoryview(raw[i]) if raw else None, tensor.contents,
+                                       parameters(tensor.parameters)))
     outputs = [kserve.OutputPart(output.name, parameters(output.parameters))
                for output in request.outputs]
     return kserve.infer_request(config, parts, outputs, parameters(request.parameters),
