@@ -11,6 +11,7 @@ A leaf module: the backends, the pipelines, the front ends and the tools all imp
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -110,7 +111,7 @@ class SearchAnswer:
     query: str
     corrected: str
     changed: bool
-    spell_score: float
+    spell_score: float | None  # None: the spell step did not run (off, or skipped)
     searched: str
     """What was searched: the correction when sure enough, else the query as typed."""
     intent: Label | None
@@ -158,10 +159,17 @@ def decode_texts(raw: Sequence[object], where: str) -> list[str]:
                 raise InvalidInput(f"{where}[{i}] is not valid UTF-8 text") from None
         if not isinstance(item, str):
             raise InvalidInput(f"{where}[{i}] must be a string, got {type(item).__name__}")
-        if not item.strip():
+        if not item.strip() or (not item.isprintable() and not _visible(item)):
             raise InvalidInput(f"{where}[{i}] is empty; send non-empty text")
         texts.append(item)
     return texts
+
+
+def _visible(text: str) -> bool:
+    """Whether a text holds a character that is not a space, a control or a format character
+    (NUL, zero-width space, BOM...): a text of only those is empty to every tokenizer here,
+    and was answered with the vector of no text (or a seq2seq's invented "correction")."""
+    return any(unicodedata.category(c)[0] not in "CZ" for c in text)
 
 
 def integer_parameter(inputs: Inputs, name: str, default: int, low: int, high: int) -> int:

@@ -152,6 +152,14 @@ def test_a_cors_preflight_is_answered_for_an_allowed_origin_only(
     assert preflight.headers["access-control-allow-origin"] == APP
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert "authorization" in preflight.headers["access-control-allow-headers"]
+    # What the OpenAI SDKs send with every request was blocked by a fixed list.
+    sdk = httpx.options(f"{server.url}/v1/embeddings", headers={
+        "origin": APP, "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization,content-type,x-stainless-os,"
+                                          "openai-organization,bad header"})
+    allowed = sdk.headers["access-control-allow-headers"].split(", ")
+    assert {"x-stainless-os", "openai-organization", "authorization"} <= set(allowed)
+    assert "bad header" not in allowed
     other = httpx.options(f"{server.url}/v2/models/fake/infer",
                           headers={"origin": "http://other.example", **ask})
     assert other.status_code == 403

@@ -111,6 +111,8 @@ BAD_REQUESTS = [
     ("shape and data disagree", {"json": json_infer(["a", "b"], shape=[3, 1])}, 400,
      "has 2 elements of data; its shape says 3"),
     ("empty text", {"json": json_infer(["ok", "  "])}, 400, "input 'text'[1] is empty"),
+    ("no visible text", {"json": json_infer(["ok", "\u0000\u200b\ufeff"])}, 400,
+     "input 'text'[1] is empty"),
     ("not a string", {"json": json_infer(["ok", 5])}, 400, "input 'text'[1] must be a string"),
     ("non-UTF-8 text", dict(zip(("content", "headers"), binary_body([b"ok", b"\xff\xfe"]),
                                 strict=True)), 400, "input 'text'[1] is not valid UTF-8"),

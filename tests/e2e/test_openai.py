@@ -173,6 +173,17 @@ def test_too_many_items_is_a_413_in_openais_shape(real_server: RunningServer) ->
     assert "at most 1024" in response.json()["error"]["message"]
 
 
+def test_a_compressed_body_is_a_415_not_misread_json(real_server: RunningServer) -> None:
+    import gzip
+
+    body = gzip.compress(b'{"model": "embed", "input": "play some jazz"}')
+    for path in ("/v1/embeddings", "/v1/spell", "/v2/models/embed/infer"):
+        answer = httpx.post(f"{real_server.url}{path}", content=body,
+                            headers={"content-encoding": "gzip"})
+        assert answer.status_code == 415, (path, answer.text)
+        assert "compressed request bodies are not supported" in answer.text
+
+
 def test_kserve_routes_keep_their_error_shape(real_server: RunningServer) -> None:
     response = httpx.post(f"{real_server.url}/v2/models/nope/infer", json={}, timeout=30)
     assert response.status_code == 404 and isinstance(response.json()["error"], str)

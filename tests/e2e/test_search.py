@@ -97,6 +97,9 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
     unsure = httpx.post(f"{real_server.url}/v1/search", json={"query": "wasted temas"}).json()
     assert unsure["changed"] and unsure["spell_score"] < 0.5
     assert unsure["searched"] == "wasted temas" != unsure["corrected"]
+    typed = httpx.post(f"{real_server.url}/v1/search", json={"query": "taylor swfit",
+                                                             "spell": False}).json()
+    assert typed["spell_score"] is None and typed["searched"] == "taylor swfit"  # not 1.0
     products = httpx.post(f"{real_server.url}/v1/search", timeout=30,
                           json={"query": "sony turntable", "catalog": "products", "k": 3})
     assert products.status_code == 200

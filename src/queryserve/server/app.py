@@ -87,7 +87,8 @@ class ServerApp:
             auth.check_origin(origin, host)
             if request.method == "OPTIONS" and \
                     "access-control-request-method" in request.headers:
-                return Response(204, headers=auth.preflight_headers())
+                return Response(204, headers=auth.preflight_headers(
+                    request.headers.get("access-control-request-headers", "")))
         if not request.path.startswith(PUBLIC_PREFIX):
             auth.check_key(request.headers.get("authorization"))
         return await self.router(request)

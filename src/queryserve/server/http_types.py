@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, get_args
 
 import orjson
 
-from queryserve.errors import ConfigError
+from queryserve.errors import ConfigError, UnsupportedMediaType
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a batch of texts is far smaller; a body this big is a mistake
 MAX_URL_BYTES = 8 * 1024  # what common servers and proxies accept (nginx: 8 KiB a line)
@@ -129,3 +129,10 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 def json_error(status: int, message: str) -> Response:
     return Response(status, orjson.dumps({"error": message}))
+
+
+def check_uncompressed(headers: dict[str, str]) -> None:
+    """A body is read as sent: a compressed one is refused (415), not misread as JSON."""
+    if headers.get("content-encoding", "identity").strip().lower() not in ("identity", ""):
+        raise UnsupportedMediaType("compressed request bodies are not supported; "
+                                   "send them uncompressed")

@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from queryserve.config import ModelConfig
-from queryserve.errors import InvalidInput, UnsupportedMediaType
+from queryserve.errors import InvalidInput
+from queryserve.server.http_types import check_uncompressed
 from queryserve.server.kserve import (
     InferAnswer,
     InferRequest,
@@ -33,9 +34,7 @@ HEADER_LENGTH = "inference-header-content-length"
 
 def decode_infer_request(body: bytes, headers: dict[str, str],
                          config: ModelConfig) -> InferRequest:
-    if headers.get("content-encoding", "identity") not in ("identity", ""):
-        raise UnsupportedMediaType("compressed request bodies are not supported; "
-                                   "send them uncompressed")
+    check_uncompressed(headers)
     header_length = headers.get(HEADER_LENGTH)
     if header_length is not None:
         # isdigit() alone admits digits int() refuses ('²'): ASCII digits only.

@@ -16,6 +16,7 @@ import orjson
 
 from queryserve.errors import InvalidInput, MethodNotAllowed, NotFound
 from queryserve.server.http import Request, Response
+from queryserve.server.http_types import check_uncompressed
 
 Handler = Callable[[Request], Awaitable[Response]]
 PatternHandler = Callable[..., Awaitable[Response]]
@@ -68,6 +69,7 @@ def json_response(payload: object, status: int = 200) -> Response:
 
 def json_body(request: Request, example: str) -> dict[str, Any]:
     """The body as a JSON object; anything else is a 400 that shows what to send."""
+    check_uncompressed(request.headers)
     try:
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:

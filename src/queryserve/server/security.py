@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -31,7 +32,9 @@ PUBLIC_PREFIX = "/v2/health/"
 
 CORS_ALLOW_HEADERS = ("authorization, content-type, content-encoding, x-request-id, "
                       "inference-header-content-length")
-CORS_EXPOSE_HEADERS = "x-request-id, inference-header-content-length, retry-after"
+CORS_EXPOSE_HEADERS = ("x-request-id, inference-header-content-length, retry-after, "
+                       "www-authenticate")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP field name (RFC 9110 5.1)
 CORS_MAX_AGE_S = 600
 MAX_REQUEST_ID_CHARS = 200
 
@@ -155,9 +158,15 @@ class AccessControl:
         return [("access-control-allow-origin", origin), ("vary", "origin"),
                 ("access-control-expose-headers", CORS_EXPOSE_HEADERS)]
 
-    def preflight_headers(self) -> list[tuple[str, str]]:
+    def preflight_headers(self, requested: str = "") -> list[tuple[str, str]]:
         """What the answer to a CORS preflight (`OPTIONS` with Access-Control-Request-Method)
-        carries besides `cors_headers`."""
+        from an allowed origin carries besides `cors_headers`. The headers the page asks to
+        send are allowed besides ours: the OpenAI SDKs send `X-Stainless-*` and
+        `OpenAI-Organization` with every request, which the server ignores, and a fixed list
+        had the browser block them all."""
+        asked = [name.strip().lower() for name in requested.split(",")]
+        extra = [name for name in asked if _TOKEN.fullmatch(name) and name not in
+                 CORS_ALLOW_HEADERS][:50]
         return [("access-control-allow-methods", "GET, POST, OPTIONS"),
-                ("access-control-allow-headers", CORS_ALLOW_HEADERS),
+                ("access-control-allow-headers", ", ".join([CORS_ALLOW_HEADERS, *extra])),
                 ("access-control-max-age", str(CORS_MAX_AGE_S))]

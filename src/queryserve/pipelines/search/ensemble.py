@@ -108,7 +108,7 @@ class SearchPipeline:
         timings: dict[str, float] = {}
         skipped: list[str] = []
         started = time.perf_counter()
-        corrected, changed, score = query, False, 1.0
+        corrected, changed, score = query, False, None
         if self.steps.spell and spell:
             fixed = await self._optional(self.steps.spell, Corrections, query, timeout_s,
                                          skipped)
@@ -116,7 +116,7 @@ class SearchPipeline:
                 first = fixed.corrections[0]
                 corrected, changed, score = first.corrected, first.changed, first.score
                 timings["spell"] = _ms(started)
-        searched = corrected if score >= self.steps.min_score else query
+        searched = corrected if score is not None and score >= self.steps.min_score else query
         intent = (asyncio.ensure_future(self._intent(searched, timeout_s, skipped))
                   if self.steps.intent else None)
         try:
