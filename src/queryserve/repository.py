@@ -70,6 +70,7 @@ class ModelRepository:
     errors: dict[str, str] = field(default_factory=dict)
     """Why a model that exists is not loaded (its load failed), for `/v2/repository/index`."""
     retiring: set[asyncio.Future[None]] = field(default_factory=set)
+    _changes: dict[str, asyncio.Lock] = field(default_factory=dict, repr=False)
     cap_instances: bool = False
     """Run at most `cores` instances of a model (a worker of `--workers N`, whose share of the
     cores may be smaller than a model's instance count: the workers together must not run
@@ -108,6 +109,15 @@ class ModelRepository:
         except QueryServeError as exc:
             self.errors[name] = exc.message
             raise
+        except Exception as exc:
+            # Broken files fail inside the libraries that read them, each with errors of its
+            # own (onnxruntime's InvalidProtobuf, tokenizers' Exception, a KeyError for an
+            # output the graph lacks): one model's, said as such, not the server's. Uncaught,
+            # one corrupt model.onnx stopped the whole server at start (and 500'd a load).
+            message = (f"model '{name}' cannot be built from its files: "
+                       f"{type(exc).__name__}: {exc}")[:400]
+            self.errors[name] = message
+            raise ConfigError(message) from exc
         self.errors.pop(name, None)
         return model
 
@@ -144,11 +154,17 @@ class ModelRepository:
         if previous is not None:
             self._retire(previous)
 
+    def _changing(self, name: str) -> asyncio.Lock:
+        """One model's loads and unloads, one at a time in the order asked: an unload that
+        came while a load was building was undone when the build was installed after it."""
+        return self._changes.setdefault(name, asyncio.Lock())
+
     async def load(self, name: str) -> AnyModel:
         """(Re)load a model: built off the loop, swapped in on it."""
         self.folder(name)  # a bad name fails here, before a thread is used
-        model = await asyncio.get_running_loop().run_in_executor(None, self.build, name)
-        self.install(model)
+        async with self._changing(name):
+            model = await asyncio.get_running_loop().run_in_executor(None, self.build, name)
+            self.install(model)
         return model
 
     async def load_all(self, names: Iterable[str] | None = None) -> None:
@@ -160,8 +176,12 @@ class ModelRepository:
             except QueryServeError as exc:
                 log.error("model '%s' not loaded: %s", name, exc.message)
 
-    def unload(self, name: str) -> None:
+    async def unload(self, name: str) -> None:
         """Take the model out of service; its queued work still runs to the end."""
+        async with self._changing(name):
+            self._take_out(name)
+
+    def _take_out(self, name: str) -> None:
         if not self.exists(name) and name not in self.models:
             raise NotFound(f"model '{shown(name)}' is not in the repository")
         model = self.models.pop(name, None)
@@ -177,7 +197,7 @@ class ModelRepository:
         """Retire every model and wait until their queues have run (shutdown); past
         `timeout_s`, whatever still waits fails."""
         for name in list(self.models):
-            self.unload(name)
+            self._take_out(name)
         if self.retiring:
             _, pending = await asyncio.wait(set(self.retiring), timeout=timeout_s)
             if pending:

@@ -8,6 +8,8 @@ timing of each fault is under the test's control; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,7 +62,10 @@ def read_responses(sock: socket.socket, count: int, timeout_s: float = 15) -> li
     return answers
 
 
-def test_sigterm_answers_every_accepted_request_then_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_answers_every_accepted_request_then_exits_0(tmp_path: Path,
+                                                             sig: signal.Signals) -> None:
+    """SIGHUP (a closed terminal) exited at once, with nothing drained and no line logged."""
     write_fake_model(tmp_path, "slow", max_batch_size=1, max_queue_size=64, delay_ms=100)
     server = start_server(tmp_path, tmp_path / "server.log")
     body = httpx.Request("POST", "http://x/", json=infer_body("queued")).read()
@@ -77,7 +82,7 @@ def test_sigterm_answers_every_accepted_request_then_exits_0(tmp_path: Path) -> 
             probe.sendall(raw_request("POST", "/v2/models/slow/infer", body)
                           + raw_request("GET", "/v2/health/ready"))
             await asyncio.sleep(0.1)
-            server.process.send_signal(signal.SIGTERM)
+            server.process.send_signal(sig)
             signalled = time.monotonic()
             outcomes: list[int | str] = []
             for response in await asyncio.gather(*requests, return_exceptions=True):
@@ -227,6 +232,41 @@ def test_a_malformed_ensemble_leaves_the_other_models_serving(tmp_path: Path) ->
         search = httpx.post(f"{url}/v1/search", json={"query": "x"})
         assert search.status_code == 503 and "field 'k'" in search.json()["error"]
         assert "Traceback" not in port_log.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
+        tmp_path: Path) -> None:
+    """A model.onnx of garbage (or a cut one, a tokenizer that is not one) failed inside
+    onnxruntime with its own error: `serve` stopped at start with a traceback, and a load was
+    a 500. Now it is that model's error: reported, left out, and a 400 on load."""
+    write_fake_model(tmp_path, "fast")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(REPOSITORY / "embed" / "model.yaml", broken / "model.yaml")
+    shutil.copy(REPOSITORY / "embed" / "tokenizer.json", broken / "tokenizer.json")
+    (broken / "model.onnx").write_bytes(os.urandom(20_000))
+    log = tmp_path / "server.log"
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
+             "--http", f"127.0.0.1:{port}", "--grpc", "off"], stdout=sink,
+            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while "not ready" not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
+        index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
+        assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
+        load = httpx.post(f"{url}/v2/repository/models/broken/load")
+        assert load.status_code == 400 and "InvalidProtobuf" in load.json()["error"]
+        assert "Traceback" not in log.read_text()
     finally:
         process.terminate()
         process.wait(timeout=15)

@@ -62,3 +62,19 @@ async def test_a_model_of_another_kind_is_the_client_s_mistake(tmp_path: Path) -
                                            "and spelling models only"):
         model.answering(Corrections, "/v1/spell")
     await repository.close()
+
+
+async def test_an_unload_asked_during_a_reload_is_not_undone_by_it(tmp_path: Path) -> None:
+    """Regression: the unload took the old model out while the reload was building, then the
+    build was installed: the unload, answered 200, was undone."""
+    write_fake_model(tmp_path, "slow", delay_ms=300)
+    with (tmp_path / "slow" / "model.yaml").open("a") as config:
+        config.write("model_warmup: [{name: one, batch_size: 1, text: warm}]\n")
+    repository = ModelRepository(tmp_path, cores=1)
+    await repository.load("slow")
+    reloading = asyncio.ensure_future(repository.load("slow"))  # 0.3 s of warmup
+    await asyncio.sleep(0.05)
+    await repository.unload("slow")  # after the reload, in the order asked
+    assert reloading.done()
+    assert "slow" not in repository.models
+    await repository.close()

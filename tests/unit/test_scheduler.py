@@ -182,6 +182,24 @@ async def test_a_later_turn_of_an_admitted_request_is_never_refused() -> None:
     assert await asyncio.gather(*busy, *first, *later) == [2, 4, 6, 10, 12]
 
 
+async def test_a_request_in_turns_finishes_on_a_closing_model() -> None:
+    """Regression: a reload closed the old model between two turns of a request it had
+    admitted, and the next turn got 503 "is unloading" (5 of 8 requests of 100-200 texts)."""
+    backend = GatedBackend()
+    scheduler = make(backend)
+    with scheduler.turns():
+        first = scheduler.submit([1], [3])
+        closed = scheduler.close()  # the reload comes between turns
+        backend.gate.set()
+        assert await first[0] == 2
+        await asyncio.sleep(0.01)
+        assert not closed.done()  # the request's next turn is still to come
+        assert await scheduler.submit([2], [3], admitted=True)[0] == 4
+        with pytest.raises(Unavailable, match="unloading"):
+            scheduler.submit([3], [3])  # a new request is not admitted
+    await asyncio.wait_for(closed, 5)
+
+
 async def test_close_finishes_when_the_last_queued_item_is_dropped_by_the_timer() -> None:
     """Regression: closing finished only after a batch completed, so a queue emptied by the
     batching-delay timer (its items' clients gone) left the close waiting for ever."""

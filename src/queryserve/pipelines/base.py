@@ -218,22 +218,24 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         most_tokens = self.config.dynamic_batching.max_batch_tokens * len(scheduler.instances)
         rows: list[R] = []
         start = 0
-        while start < len(payloads):
-            end, budget = start, 0
-            while end < len(payloads) and end - start < scheduler.turn_items and (
-                    end == start or budget + counts[end] <= most_tokens):
-                budget += counts[end]
-                end += 1
-            futures = scheduler.submit(payloads[start:end], counts[start:end], timeout_s,
-                                       admitted=start > 0)
-            try:
-                rows += await asyncio.gather(*futures)
-            except BaseException:
-                # One item failed (or the client left): its siblings must not run for nothing.
-                for future in futures:
-                    future.cancel()
-                raise
-            start = end
+        with scheduler.turns():  # admitted, it finishes on this model even if a reload comes
+            while start < len(payloads):
+                end, budget = start, 0
+                while end < len(payloads) and end - start < scheduler.turn_items and (
+                        end == start or budget + counts[end] <= most_tokens):
+                    budget += counts[end]
+                    end += 1
+                futures = scheduler.submit(payloads[start:end], counts[start:end], timeout_s,
+                                           admitted=start > 0)
+                try:
+                    rows += await asyncio.gather(*futures)
+                except BaseException:
+                    # One item failed (or the client left): its siblings must not run for
+                    # nothing.
+                    for future in futures:
+                        future.cancel()
+                    raise
+                start = end
         return rows
 
     def _from_cache(self, keys: Sequence[str], rows: list[R | None]) -> tuple[list[int], int]:

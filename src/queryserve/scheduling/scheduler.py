@@ -16,12 +16,13 @@ is queued to the end; `closed` resolves when the last batch is done and the thre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -159,6 +160,7 @@ class Scheduler(Generic[P, R]):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._closed: asyncio.Future[None] | None = None  # set by close(): no more admission
+        self._in_turns = 0  # requests queued in turns that have not ended: see `turns`
 
     @property
     def queue_depth(self) -> int:
@@ -181,7 +183,7 @@ class Scheduler(Generic[P, R]):
         Raises Overloaded when the queue is full: then none of the items is queued. A later
         turn of a request already admitted (`admitted`) is never refused half-way.
         """
-        if self._closed is not None:
+        if self._closed is not None and not admitted:
             raise Unavailable(f"model '{self.model}' is unloading")
         loop = self._loop or self._bind_loop()
         now = self.clock()
@@ -194,6 +196,19 @@ class Scheduler(Generic[P, R]):
         ], admitted)
         self._schedule()
         return futures
+
+    @contextlib.contextmanager
+    def turns(self) -> Iterator[None]:
+        """Around a request queued in turns: its later turns run here even once the model is
+        closing (a reload or an unload admits no new request, but one it admitted finishes on
+        it, as a single turn does), and `close` resolves only after its last turn."""
+        self._in_turns += 1
+        try:
+            yield
+        finally:
+            self._in_turns -= 1
+            if self._closed is not None:
+                self._finish_if_idle()
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
@@ -318,7 +333,8 @@ class Scheduler(Generic[P, R]):
 
     def _finish_if_idle(self) -> None:
         assert self._closed is not None
-        if self._closed.done() or len(self.batcher) or len(self._free) < len(self.instances):
+        if self._closed.done() or len(self.batcher) or self._in_turns \
+                or len(self._free) < len(self.instances):
             return
         if self._timer is not None:
             self._timer.cancel()

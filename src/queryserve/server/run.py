@@ -3,7 +3,7 @@
 The lifecycle:
 - Listening starts first, so `/v2/health/live` answers while models load (off the loop);
   `/v2/health/ready` answers 200 only once every model is loaded and warmed up.
-- SIGTERM or SIGINT: readiness answers 503 at once and the listener closes; every request
+- SIGTERM, SIGINT or SIGHUP: readiness answers 503 at once and the listener closes; every request
   already accepted, and every item already queued, runs to the end (up to the drain timeout);
   a busy keep-alive connection gets `connection: close` on its last answer, an idle one is
   closed; then the process exits 0. A second signal exits at once.
@@ -169,7 +169,10 @@ def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
     loop = asyncio.get_running_loop()
     if worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in (signal.SIGTERM,) if worker else (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # SIGHUP (the terminal closed, or an operator's habit of "reload") drained nothing and
+    # lost what was in flight: it drains now, as SIGTERM does.
+    for sig in (signal.SIGTERM,) if worker else (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal, sig)
     return stop
 

@@ -149,7 +149,7 @@ class ServerState:
         await _together(self.repository.load(name), self.siblings.everywhere("load", name))
 
     async def unload(self, name: str) -> None:
-        self.repository.unload(name)
+        await self.repository.unload(name)
         if self.siblings is not None:
             await self.siblings.everywhere("unload", name)
 

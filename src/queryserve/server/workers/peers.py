@@ -164,7 +164,7 @@ async def answer_siblings(state: ServerState, seat: Seat) -> asyncio.AbstractSer
         "snapshot": _sync(state.snapshot_here),
         "models": _sync(lambda: sorted(state.repository.models)),
         "load": load,
-        "unload": _sync(state.repository.unload),
+        "unload": state.repository.unload,
     }
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -11,7 +11,7 @@ them. What clients see is one server (`peers.py` says how the workers agree).
 The supervisor:
 - reserves the ports first (a bound, never listening socket with SO_REUSEPORT), which resolves
   port 0, refuses a port another program holds, and keeps the port while a worker is replaced;
-- forwards SIGTERM and SIGINT as SIGTERM: every worker drains as one server does, and the
+- forwards SIGTERM, SIGINT and SIGHUP as SIGTERM: every worker drains as one server does, and the
   supervisor exits 0 when all have exited 0; a worker takes a repeated SIGTERM as the same
   one (a signal to the process group reaches it twice), so a second signal to the supervisor
   is sent on as SIGKILL: they exit now;
@@ -94,7 +94,7 @@ class Supervisor:
         with contextlib.ExitStack() as held:
             held.callback(shutil.rmtree, folder, True)
             options = self._reserve_ports(held)
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
             for slot in self.slots:
                 self._start(slot, options, folder)
