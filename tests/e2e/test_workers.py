@@ -348,3 +348,38 @@ def test_a_repository_that_is_not_one_is_refused_once_not_by_every_worker(
     assert done.returncode == 1
     assert done.stderr.count("is not a folder") == 1, done.stderr
     assert "started (pid" not in done.stderr
+
+
+def test_a_replacement_catches_up_with_an_unload_made_while_it_loaded(tmp_path: Path) -> None:
+    """Regression: a replacement worker read what its siblings served once, as it began to
+    load; an unload answered while it loaded (its control socket not yet open) never reached
+    it, and it served the unloaded model for good."""
+    write_fake_model(tmp_path, "fast")
+    write_fake_model(tmp_path, "heavy", delay_ms=2000)  # its warmup: 2 s of loading
+    with (tmp_path / "heavy" / "model.yaml").open("a") as config:
+        config.write("model_warmup: [{name: one, batch_size: 1, text: warm}]\n")
+    write_fake_model(tmp_path, "slow")
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
+    try:
+        victim = worker_pids(server)[0]
+        before = server.log_text().count("worker-0 queryserve.repository: model 'fast' ready")
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while server.log_text().count(
+                "worker-0 queryserve.repository: model 'fast' ready") == before:
+            assert time.monotonic() < deadline, server.log_text()
+            time.sleep(0.05)
+        # The replacement loads `heavy` now: `slow` was served when it asked.
+        assert httpx.post(f"{server.url}/v2/repository/models/slow/unload").status_code == 200
+        while "worker-0 queryserve: listening on" not in \
+                server.log_text().split(f"pid {victim}) died")[-1]:
+            assert time.monotonic() < deadline, server.log_text()
+            time.sleep(0.05)
+        assert len({answering_process(server.url) for _ in range(40)}) == 2  # both serve
+        with httpx.Client(timeout=10) as client:
+            statuses = {client.post(f"{server.url}/v2/models/slow/infer",
+                                    json=infer_body("gone"), headers={"connection": "close"}
+                                    ).status_code for _ in range(40)}
+        assert statuses == {503}, server.log_text()  # from both workers
+    finally:
+        stop_server(server)

@@ -106,6 +106,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
             # A worker listens only with its models warm: the kernel hands a new connection to
             # any listener on the port, and one still loading would answer it 503.
             control = await answer_siblings(app.state, siblings.seat)
+            await _catch_up(repository, siblings)
             listeners = await _listen(app, options)
             siblings.serve(True)
         app.state.loading = False
@@ -180,6 +181,22 @@ def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
 async def _load(repository: ModelRepository, siblings: Siblings | None) -> None:
     """Every model of the repository; a replacement worker loads what its siblings serve."""
     await repository.load_all(await siblings.models_served() if siblings is not None else None)
+
+
+async def _catch_up(repository: ModelRepository, siblings: Siblings) -> None:
+    """What the siblings were asked to load or unload while this worker loaded: those calls
+    found no control socket here (it opens once the models are warm). A replacement worker
+    that skipped this served what had been unloaded, and not what had been loaded, for good."""
+    served = await siblings.models_served()
+    if served is None:  # no sibling serves yet: the whole server is starting
+        return
+    for name in sorted(set(repository.models) - set(served)):
+        log.info("model '%s' was unloaded while this worker started: unloading it", name)
+        await repository.unload(name)
+    missing = sorted(set(served) - set(repository.models))
+    if missing:
+        log.info("loaded while this worker started: %s", ", ".join(missing))
+        await repository.load_all(missing)
 
 
 PREPARED = "prepared:"
