@@ -106,6 +106,15 @@ def test_tables_in_any_format(tmp_path: Path) -> None:
     (tmp_path / "e.jsonl").write_text("[1]\n")
     with pytest.raises(DuplicatesError, match=r"e\.jsonl:1: expected a JSON object"):
         read_products(tmp_path / "e.jsonl")
+    # A title of 1 MB was a csv.Error traceback (the field limit), Latin-1 bytes a
+    # UnicodeDecodeError in JSONL and U+FFFD in place of the letters in CSV.
+    (tmp_path / "long.csv").write_text("id,title\n1," + "x" * 1_000_000 + "\n")
+    assert len(read_products(tmp_path / "long.csv").ids) == 1
+    for name, line in (("latin.jsonl", b'{"title": "caf\xe9"}\n'),
+                       ("latin.csv", b"id,title\n1,caf\xe9\n")):
+        (tmp_path / name).write_bytes(b"\n" * (name == "latin.jsonl") + line)
+        with pytest.raises(DuplicatesError, match=rf"{name}:2: not UTF-8 text"):
+            read_products(tmp_path / name)
 
 
 def test_blocking_keeps_neighbours_and_shared_model_numbers() -> None:

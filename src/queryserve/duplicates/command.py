@@ -176,5 +176,10 @@ def run_batch_command(args: argparse.Namespace) -> None:
         max_parts=args.max_parts, one_to_one=args.one_to_one,
         ignore_columns=tuple(args.ignore_column), engine=args.engine,
         ray_address=args.ray_address, progress=not args.no_progress)
-    summary = run_batch(args.paths[:-1], args.paths[-1], options)
+    from queryserve.duplicates.job import close_models
+
+    try:
+        summary = run_batch(args.paths[:-1], args.paths[-1], options)
+    finally:
+        close_models()
     print(json.dumps(summary, indent=2))

@@ -58,11 +58,23 @@ class Job:
         return json.loads((self.work / f"ids-{table}.json").read_text())  # type: ignore[no-any-return]
 
 
-@lru_cache(maxsize=2)
+_opened: dict[tuple[Path, int], LocalModel[PairScores]] = {}
+
+
 def _cross_encoder(folder: Path, threads: int) -> LocalModel[PairScores]:
     """The served cross-encoder, in this process: once per process (a Ray worker scores many
     parts)."""
-    return open_model(folder, PairScores, threads=threads)
+    if (folder, threads) not in _opened:
+        _opened[folder, threads] = open_model(folder, PairScores, threads=threads)
+    return _opened[folder, threads]
+
+
+def close_models() -> None:
+    """Close what `_cross_encoder` opened. Left open at exit (Ctrl-C while scoring), its
+    instance threads still held ONNX Runtime sessions and the process aborted ("terminate
+    called without an active exception", SIGABRT)."""
+    while _opened:
+        _opened.popitem()[1].close()
 
 
 def blocking_probabilities(job: Job, rows: Array) -> Array:

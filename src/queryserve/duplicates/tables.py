@@ -7,6 +7,7 @@ A product's id is its `id` column, or its row number (from 0) when the table has
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Collection, Mapping, Sequence
@@ -43,7 +44,7 @@ def _rows(path: Path) -> list[dict[str, object]]:
             raise DuplicatesError(f"{path} is not a readable Parquet file ({error})") from None
     if suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(_text(path).splitlines(), 1):
             if line.strip():
                 try:
                     row = json.loads(line)
@@ -53,11 +54,26 @@ def _rows(path: Path) -> list[dict[str, object]]:
                     raise DuplicatesError(f"{path}:{number}: expected a JSON object per line")
                 rows.append(row)
         return rows
-    with path.open(newline="", encoding="utf-8", errors="replace") as f:
-        header = f.readline()
-        separator = max(SEPARATORS, key=header.count)
-        f.seek(0)
-        return list(csv.DictReader(f, delimiter=separator))
+    text = _text(path)  # not UTF-8: refused, not read with its bytes replaced
+    header = text.split("\n", 1)[0]
+    separator = max(SEPARATORS, key=header.count)
+    csv.field_size_limit(MAX_FIELD_CHARS)  # the default, 128 KiB, refused a long description
+    try:
+        return list(csv.DictReader(io.StringIO(text, newline=""), delimiter=separator))
+    except csv.Error as error:
+        raise DuplicatesError(f"{path}: not a readable CSV table ({error})") from None
+
+
+MAX_FIELD_CHARS = 64 * 1024 * 1024
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[:error.start].count(b"\n") + 1
+        raise DuplicatesError(f"{path}:{line}: not UTF-8 text ({error.reason}); save the table "
+                              "as UTF-8") from None
 
 
 def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
