@@ -141,9 +141,19 @@ class ModelConfig:
     """The search ensemble's steps (`backend: ensemble`, `pipeline: search`); None for a model."""
 
     def parameter(self, key: str, default: T) -> T:
-        """A backend parameter, typed like its default."""
+        """A backend parameter, typed like its default (an integer where a number is meant);
+        a value of another type is refused when the model loads, not replaced by the default
+        without a word (`max_sequence_length: "abc"` served 256)."""
         value = self.parameters.get(key, default)
-        return value if isinstance(value, type(default)) else default
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)  # type: ignore[return-value]
+        if isinstance(value, type(default)) and (isinstance(value, bool)
+                                                 == isinstance(default, bool)):
+            return value
+        kind = {bool: "true or false", int: "an integer", float: "a number",
+                str: "a string"}.get(type(default), type(default).__name__)
+        raise ConfigError(f"{self.path / MODEL_FILE}: parameters.{key} is {value!r}; expected "
+                          f"{kind}")
 
     def labels(self, count: int) -> list[str]:
         """A classifier's label names (`parameters.labels`, comma-separated, as `queryserve

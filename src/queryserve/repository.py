@@ -231,8 +231,10 @@ class ModelRepository:
         return all(n in self.models and self.models[n].ready() for n in names)
 
     def index(self) -> list[dict[str, str]]:
+        """Every model of the repository, and any still served whose folder is gone (it
+        serves until unloaded: the index must show it)."""
         entries = []
-        for name in self.names():
+        for name in sorted(set(self.names()) | set(self.models)):
             model = self.models.get(name)
             entry = {"name": name, "version": VERSION,
                      "state": "READY" if model is not None and model.ready() else "UNAVAILABLE"}

@@ -137,3 +137,15 @@ def test_unknown_backend_or_pipeline_is_an_error_never_a_fake(tmp_path: Path) ->
                                            else "text_embedding"), f"{field}: {value}")
         with pytest.raises(ConfigError, match=f"field '{field}' is '{value}'; expected one of"):
             load_model_config(write(tmp_path, text))
+
+
+def test_a_parameter_of_another_type_is_refused_not_replaced_by_its_default(
+        tmp_path: Path) -> None:
+    config = load_model_config(write(tmp_path, VALID + "parameters: {max_sequence_length: abc,"
+                                     " threshold: 1, allow_spinning: 1, beam_size: true}\n"))
+    assert config.parameter("threshold", 0.5) == 1.0  # an integer where a number is meant
+    assert config.parameter("missing", 7) == 7
+    for key, default in (("max_sequence_length", 256), ("allow_spinning", False),
+                         ("beam_size", 1)):
+        with pytest.raises(ConfigError, match=rf"model\.yaml: parameters\.{key} is"):
+            config.parameter(key, default)

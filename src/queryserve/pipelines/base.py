@@ -63,7 +63,11 @@ def load_tokenizer(config: ModelConfig) -> Tokenizer:
     if not path.is_file():
         raise ConfigError(f"{config.path / 'model.yaml'}: tokenizer file {path} does not exist; "
                           "run `queryserve prepare` to build the default models")
-    return open_tokenizer(path, config.parameter("max_sequence_length", 256))
+    length = config.parameter("max_sequence_length", 256)
+    if length < 1:
+        raise ConfigError(f"{config.path / 'model.yaml'}: parameters.max_sequence_length is "
+                          f"{length}; expected a number of tokens >= 1")
+    return open_tokenizer(path, length)
 
 
 class TextPipeline(ABC, Generic[P, R, Res]):
