@@ -478,7 +478,7 @@ def test_csv_output_and_bad_tables(whole_run: Path, tables: tuple[Path, Path],
     binary = tmp_path / "binary.csv"
     binary.write_bytes(bytes(range(256)) * 4)
     for args, words in [((bad, tmp_path / "o.csv"), "has no title column"),
-                        ((binary, tmp_path / "o.csv"), "binary.csv:1: not UTF-8 text"),
+                        ((binary, tmp_path / "o.csv"), "binary.csv:2: not UTF-8 text"),
                         ((tables[0], tmp_path / "o.csv", "--engine", "ray", "--ray-address",
                           f"127.0.0.1:{free_port()}"), "cannot reach the Ray cluster"),
                         ((tmp_path / "none.csv", tmp_path / "o.csv"), "does not exist"),

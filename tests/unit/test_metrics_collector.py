@@ -26,11 +26,11 @@ ODD = 'a "quoted\\ name\nwith a newline'
 
 def state_with(tmp_path: Path, model_name: str, stats: ModelStats,
                reasons: dict[str, int] | None = None) -> ServerState:
-    """A server state over one stand-in model (`name`, `stats`, `queue_depth` is all
+    """A server state over one stand-in model (`name`, `stats`, `queue_depth`, `ready` is all
     the collector reads) and a stand-in transport."""
     repository = ModelRepository(tmp_path)
     model: Any = SimpleNamespace(name=model_name, stats=stats,
-                                 queue_depth=3)
+                                 queue_depth=3, ready=lambda: True)
     repository.models[model_name] = model
     state = ServerState(repository)
     state.transport = SimpleNamespace(  # type: ignore[assignment]
