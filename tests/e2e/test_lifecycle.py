@@ -248,6 +248,13 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
     shutil.copy(REPOSITORY / "embed" / "model.yaml", broken / "model.yaml")
     shutil.copy(REPOSITORY / "embed" / "tokenizer.json", broken / "tokenizer.json")
     (broken / "model.onnx").write_bytes(os.urandom(20_000))
+    # A classifier declared one class wider than its graph loaded, and every label was wrong.
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        (wide / name).symlink_to(REPOSITORY / "intent" / name)
+    (wide / "model.yaml").write_text((REPOSITORY / "intent" / "model.yaml").read_text()
+                                     .replace("dims: [60]", "dims: [61]"))
     log = tmp_path / "server.log"
     port = free_port()
     with log.open("wb") as sink:
@@ -264,6 +271,8 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
         assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
+        assert "output 'probabilities' has dims [61], but model.onnx gives 60" in \
+            index["wide"]["reason"]
         load = httpx.post(f"{url}/v2/repository/models/broken/load")
         assert load.status_code == 400 and "InvalidProtobuf" in load.json()["error"]
         assert "Traceback" not in log.read_text()

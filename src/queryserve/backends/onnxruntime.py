@@ -43,11 +43,25 @@ class OnnxRuntimeBackend:
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.providers = tuple(self.session.get_providers())
+        _check_output_widths(config, path, self.session)
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         feeds = {name: inputs[name] for name in self.input_names}
         values = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values, strict=True))
+
+
+def _check_output_widths(config: ModelConfig, path: Path,
+                         session: ort.InferenceSession) -> None:
+    """A declared output's width against the graph's: a classifier declared with 61 classes
+    for a graph of 60 loaded, and every label was then another's (`label_48`...)."""
+    declared = {spec.name: spec.dims for spec in config.outputs}
+    for output in session.get_outputs():
+        dims = declared.get(output.name)
+        width = output.shape[-1] if output.shape else None
+        if dims and isinstance(width, int) and dims[-1] not in (-1, width):
+            raise ConfigError(f"{config.path / 'model.yaml'}: output '{output.name}' has dims "
+                              f"{list(dims)}, but {path.name} gives {width} values an item")
 
 
 def _cpu_session(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
