@@ -114,8 +114,13 @@ def test_served_intent_answers_top_k_labels(trained: Path, data: Path, tmp_path:
                             ({"queries": ["ok"], "top_k": 0}, "'top_k' must be an integer"),
                             ({"queries": ["ok"], "top_k": "3"}, "'top_k' must be an integer"),
                             ({"queries": [""]}, "queries[0] is empty")]:
+            before = httpx.get(f"{server.url}/v2/models/intent/stats").json()
             bad = httpx.post(f"{server.url}/v1/intent", json=body)
             assert bad.status_code == 400 and words in bad.json()["error"], bad.text
+            after = httpx.get(f"{server.url}/v2/models/intent/stats").json()
+            # Refused before its items were queued: the model ran nothing for it.
+            assert after["model_stats"][0]["inference_count"] == \
+                before["model_stats"][0]["inference_count"]
         assert "Traceback" not in server.log_text()
     finally:
         stop_server(server)

@@ -135,7 +135,12 @@ class TextPipeline(ABC, Generic[P, R, Res]):
 
     # -- the request path, on the event loop --------------------------------------------------
 
+    def check_options(self, inputs: Inputs) -> None:
+        """Refuse a request's bad options (`top_k`, `threshold`...) before any of its items is
+        queued: `result` reads them after the model has run, which is work for nothing."""
+
     async def infer(self, inputs: Inputs) -> Res:
+        self.check_options(inputs)
         if inputs.token_ids is not None:
             return await self._infer_ids(inputs, inputs.token_ids)
         rows, tokens = await self.rows(inputs.texts, inputs.pairs, inputs.timeout_s)

@@ -144,6 +144,9 @@ class TextClassification(EncoderRows[Classifications]):
         self.labels = config.labels(self.dim)
         self.calibration = load_calibration(config.path)
 
+    def check_options(self, inputs: Inputs) -> None:
+        integer_parameter(inputs, "top_k", 1, 1, MAX_TOP_K)
+
     def result(self, inputs: Inputs, rows: Sequence[Array], tokens: int) -> Classifications:
         top_k = integer_parameter(inputs, "top_k", 1, 1, MAX_TOP_K)
         probabilities = np.stack(rows)  # the graph's own: the response cache keeps those

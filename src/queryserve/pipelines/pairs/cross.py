@@ -24,7 +24,7 @@ from queryserve.backends import Backend
 from queryserve.config import ModelConfig
 from queryserve.errors import ConfigError, InvalidInput
 from queryserve.pipelines.pairs.features import hinted, text_signals
-from queryserve.pipelines.pairs.scoring import pair_scores
+from queryserve.pipelines.pairs.scoring import pair_scores, pair_threshold
 from queryserve.pipelines.text_embedding import EncoderRows
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
@@ -71,6 +71,9 @@ class CrossPairScoring(EncoderRows[PairScores]):
 
     def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
         return list(outputs[self.probabilities][:, self.column])
+
+    def check_options(self, inputs: Inputs) -> None:
+        pair_threshold(inputs, self.threshold)
 
     def result(self, inputs: Inputs, rows: Sequence[Array], tokens: int) -> PairScores:
         return pair_scores(inputs, [float(r) for r in rows], tokens, self.threshold)

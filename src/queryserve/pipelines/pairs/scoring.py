@@ -30,11 +30,16 @@ from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
 
+def pair_threshold(inputs: Inputs, threshold: float) -> float:
+    """The request's `threshold`, else the model's."""
+    return number_parameter(inputs, "threshold", threshold, 0.0, 1.0)
+
+
 def pair_scores(inputs: Inputs, rows: Sequence[float], tokens: int,
                 threshold: float) -> PairScores:
     """The answer of a pair model: the probabilities, and each pair's decision at the request's
     `threshold` or the model's."""
-    threshold = number_parameter(inputs, "threshold", threshold, 0.0, 1.0)
+    threshold = pair_threshold(inputs, threshold)
     probabilities = np.asarray(rows, dtype=np.float32)
     return PairScores(probabilities, threshold, [bool(p >= threshold) for p in rows], tokens)
 
@@ -71,6 +76,9 @@ class PairScoring(TextPipeline[Pair, float, PairScores]):
 
     def count(self, payload: Pair) -> int:
         return len(payload.left) + len(payload.right)
+
+    def check_options(self, inputs: Inputs) -> None:
+        pair_threshold(inputs, self.threshold)
 
     def result(self, inputs: Inputs, rows: Sequence[float], tokens: int) -> PairScores:
         return pair_scores(inputs, rows, tokens, self.threshold)
