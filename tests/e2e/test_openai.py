@@ -184,6 +184,24 @@ def test_a_compressed_body_is_a_415_not_misread_json(real_server: RunningServer)
         assert "compressed request bodies are not supported" in answer.text
 
 
+def test_what_the_transport_refuses_is_worded_as_the_route_words_errors(
+        real_server: RunningServer) -> None:
+    """A body over the limit is refused by the transport before the application sees it: it
+    came as `{"error": "..."}` with no request id, which the OpenAI SDK reads as an error with
+    no type."""
+    big = {"model": "embed", "input": ["x" * 1000] * 9000}  # 9 MB
+    client = sdk(real_server)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.embeddings.create(**big)
+    assert refused.value.status_code == 413
+    assert refused.value.type == "invalid_request_error"
+    assert "over the limit" in refused.value.message
+    assert refused.value.response.headers["x-request-id"]
+    kserve = httpx.post(f"{real_server.url}/v2/models/embed/infer", json=big)
+    assert kserve.status_code == 413 and "over the limit" in kserve.json()["error"]
+    assert kserve.headers["x-request-id"]
+
+
 def test_kserve_routes_keep_their_error_shape(real_server: RunningServer) -> None:
     response = httpx.post(f"{real_server.url}/v2/models/nope/infer", json={}, timeout=30)
     assert response.status_code == 404 and isinstance(response.json()["error"], str)

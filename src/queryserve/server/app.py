@@ -78,6 +78,21 @@ class ServerApp:
             tracing.end(span, request, response)
         return response
 
+    def refused(self, path: str, headers: dict[str, str], status: int,
+                message: str) -> Response:
+        """An answer the transport gives itself (`http_types.Refusal`), worded as the route's
+        front end words its errors (OpenAI's object on its routes: the SDKs read its type),
+        with a request id and, for an allowed page, CORS headers, as every answer has."""
+        error = QueryServeError(message)
+        error.http_status = status
+        response = error_response(path, error)
+        response.headers.append(("x-request-id", f"{self._id_prefix}-{next(self._ids):x}"))
+        origin = headers.get("origin")
+        auth = self.state.auth
+        if origin is not None and auth.cors_origins and auth.cors_allows(origin):
+            response.headers.extend(auth.cors_headers(origin))
+        return response
+
     async def _guarded(self, request: Request, origin: str | None) -> Response:
         """The Host and Origin checks, a CORS preflight's answer, the API key; then the route."""
         auth = self.state.auth

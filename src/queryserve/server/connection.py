@@ -25,7 +25,13 @@ import asyncio
 from typing import Protocol
 
 from queryserve.server.deadlines import Deadlines, Expiry, Phase
-from queryserve.server.http_types import Handler, HttpLimits, RejectionReason, Request, json_error
+from queryserve.server.http_types import (
+    Handler,
+    HttpLimits,
+    Refusal,
+    RejectionReason,
+    Request,
+)
 from queryserve.server.request_parser import RequestParser
 from queryserve.server.response_queue import ResponseQueue
 
@@ -36,6 +42,7 @@ class ConnectionOwner(Protocol):
     """What a connection needs of the server that accepted it (`HttpServer`)."""
 
     handler: Handler
+    refusal: Refusal  # how an answer the transport gives itself is worded
     limits: HttpLimits
     loop: asyncio.AbstractEventLoop
     date: bytes  # the `date` header line, renewed each second
@@ -194,7 +201,9 @@ class HttpConnection(asyncio.Protocol):
         self.server.rejections[reason] += 1
         self.rejected = True
         self.unparsed = b""
-        self.responses.refuse(json_error(status, message))
+        parser = self.parser
+        self.responses.refuse(self.server.refusal(parser.path(), parser.headers, status,
+                                                  message))
 
     # -- deadlines ----------------------------------------------------------------------------
 

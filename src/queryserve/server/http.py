@@ -37,10 +37,12 @@ from queryserve.server.http_types import (
     ConnectionShare,
     Handler,
     HttpLimits,
+    Refusal,
     RejectionReason,
     Request,
     Response,
     json_error,
+    plain_refusal,
 )
 from queryserve.server.response_queue import MAX_PIPELINED
 
@@ -48,8 +50,8 @@ __all__ = [
     "DRAIN_TIMEOUT_S", "FEED_BYTES", "HEADER_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_BODY_BYTES",
     "MAX_CONNECTION_AGE_S", "MAX_HEADER_BYTES", "MAX_PIPELINED", "MAX_URL_BYTES",
     "READ_TIMEOUT_S", "REJECTION_REASONS",
-    "Handler", "HttpConnection", "HttpLimits", "HttpServer", "RejectionReason", "Request",
-    "Response", "json_error", "start_http_server",
+    "Handler", "HttpConnection", "HttpLimits", "HttpServer", "Refusal", "RejectionReason",
+    "Request", "Response", "json_error", "start_http_server",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,9 @@ class HttpServer:
     listener: asyncio.Server
 
     def __init__(self, handler: Handler, limits: HttpLimits,
-                 share: ConnectionShare | None = None) -> None:
+                 share: ConnectionShare | None = None, refusal: Refusal = plain_refusal) -> None:
         self.handler = handler
+        self.refusal = refusal
         self.limits = limits
         self.share = share  # with workers: the connections each of them holds
         self.rebalanced = 0  # connections closed after an answer to even out the workers
@@ -186,11 +189,12 @@ class HttpServer:
 
 
 async def start_http_server(handler: Handler, host: str, port: int, limits: HttpLimits,
-                            share: ConnectionShare | None = None) -> HttpServer:
+                            share: ConnectionShare | None = None,
+                            refusal: Refusal = plain_refusal) -> HttpServer:
     """Listen on `host:port`; with a `share`, beside the server's other workers on the same
     port (SO_REUSEPORT: the kernel spreads new connections over them), each handing back
     connections while it holds more than its share of them."""
-    server = HttpServer(handler, limits, share)
+    server = HttpServer(handler, limits, share, refusal)
     server.listener = await server.loop.create_server(
         lambda: HttpConnection(server), host, port, reuse_address=True,
         reuse_port=share is not None,

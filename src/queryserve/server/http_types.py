@@ -131,6 +131,17 @@ def json_error(status: int, message: str) -> Response:
     return Response(status, orjson.dumps({"error": message}))
 
 
+Refusal = Callable[[str, dict[str, str], int, str], Response]
+"""How the application words an error that the transport answers itself (a malformed request,
+a body over the limit, a read timeout): from the request's path and headers as far as they
+were read, the status and the message. The server's words it in each front end's own shape,
+with a request id and CORS headers, as it does every answer."""
+
+
+def plain_refusal(path: str, headers: dict[str, str], status: int, message: str) -> Response:
+    return json_error(status, message)
+
+
 def check_uncompressed(headers: dict[str, str]) -> None:
     """A body is read as sent: a compressed one is refused (415), not misread as JSON."""
     if headers.get("content-encoding", "identity").strip().lower() not in ("identity", ""):

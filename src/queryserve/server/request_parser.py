@@ -117,6 +117,10 @@ class RequestParser:
                     self.sink.refuse(431, f"request headers (or trailers) are over the limit of "
                                           f"{self.max_header_bytes} bytes", "headers_too_large")
 
+    def path(self) -> str:
+        """The request's path as far as it was read (for a refusal's wording); "" if none."""
+        return self.url.split(b"?", 1)[0].decode("latin-1")
+
     def _upgrade_body(self, data: bytes | memoryview) -> None:
         assert self.upgrading is not None
         request, left = self.upgrading
