@@ -123,11 +123,13 @@ def _status_kb(pid: int, key: str) -> int:
 
 
 @contextlib.contextmanager
-def serving(repository: Path, name: str, *flags: str) -> Iterator[Server]:
+def serving(repository: Path, name: str, *flags: str,
+            own_group: bool = False) -> Iterator[Server]:
     """`queryserve serve` on a free loopback port with `flags`, until the block ends (then
     SIGTERM, and SIGKILL if it has not exited within STOP_TIMEOUT_S); its log is
-    OUT/logs/NAME.log."""
-    server = launch(repository, OUT / "logs" / f"{name}.log", *flags)
+    OUT/logs/NAME.log. `own_group`: in a process group of its own, for a scenario that
+    signals the whole group."""
+    server = launch(repository, OUT / "logs" / f"{name}.log", *flags, own_group=own_group)
     try:
         wait_ready(server)
         yield server
@@ -135,7 +137,7 @@ def serving(repository: Path, name: str, *flags: str) -> Iterator[Server]:
         stop(server.process)
 
 
-def launch(repository: Path, log_path: Path, *flags: str) -> Server:
+def launch(repository: Path, log_path: Path, *flags: str, own_group: bool = False) -> Server:
     """`queryserve serve --grpc off` with `flags` started on a free loopback port, its output
     in `log_path`; not waited for (`wait_ready`), and the caller's to stop (`stop`)."""
     port = free_port()
@@ -143,7 +145,7 @@ def launch(repository: Path, log_path: Path, *flags: str) -> Server:
     # Unbuffered, so that a scenario reading the log (worker pids, "retired") sees each line
     # at once; the environment read now, after reliability.py's own settings.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    started = server_process.launch(command, port, log_path, env=env)
+    started = server_process.launch(command, port, log_path, env=env, own_group=own_group)
     return Server(started.url, port, started.process, log_path, list(flags))
 
 

@@ -58,12 +58,24 @@ def dumps(value: object) -> bytes:
     return json.dumps(value).encode()
 
 
+BODY_LIMIT = 8 * 1024 * 1024  # the server's default --max-body-bytes
+
+
+def page(chars: int) -> str:
+    """One text of `chars` characters of real queries: pasted pages, up to the body limit (a
+    tokenizer reads a text whole before it truncates: such a text held every client 4-5 s,
+    and a pair of them took tens of GB, until texts were cut before tokenizing)."""
+    text = " ".join(queries())
+    return (text * (chars // len(text) + 1))[:chars]
+
+
 @dataclass(frozen=True)
 class Route:
     name: str
     path: str
     maximal: Callable[[int], bytes]  # the largest request of `n` items
     ordinary: Callable[[str], bytes]  # an ordinary one-query request
+    single: bool = False  # one item, as large as the body limit allows
 
 
 ROUTES = [
@@ -85,6 +97,12 @@ ROUTES = [
     Route("`/v1/spell`, `spell-seq2seq`", "/v1/spell",
           lambda n: dumps({"model": "spell-seq2seq", "queries": long_texts("spell-seq2seq", n)}),
           lambda q: dumps({"model": "spell-seq2seq", "queries": [q]})),
+    Route("OpenAI embeddings, `embed`, one text of the body limit", "/v1/embeddings",
+          lambda n: dumps({"model": "embed", "input": page(BODY_LIMIT - 1000)}),
+          lambda q: dumps({"model": "embed", "input": [q]}), single=True),
+    Route("`/v1/duplicates`, one pair of texts of half the body limit each", "/v1/duplicates",
+          lambda n: dumps({"pairs": [[page(BODY_LIMIT // 2 - 1000)] * 2]}),
+          lambda q: dumps({"pairs": [[q, q.upper()]]}), single=True),
     Route("`/v1/search`, k 100", SEARCH,
           lambda n: dumps({"query": long_queries(1)[0], "k": MAX_K, "catalog": "songs"}),
           lambda q: dumps({"query": q})),
@@ -108,7 +126,8 @@ def one_route(server: Server, route: Route, items: int) -> dict[str, Any]:
         time.sleep(AFTER_S)
         records: list[Records] = load.stop()
     return {
-        "route": route.name, "path": route.path, "items": 1 if route.path == SEARCH else items,
+        "route": route.name, "path": route.path,
+        "items": 1 if route.single or route.path == SEARCH else items,
         "request_mb": len(body) / 1e6, "status": status, "seconds": seconds,
         "answer_mb": size / 1e6,
         "others": [{"path": s.path, "before": summarize(r, warm, sent, by="done"),
@@ -145,7 +164,8 @@ def render(f: dict[str, Any]) -> list[str]:
         f"`/v1/search` (open loop) for {WARMUP_S + BEFORE_S:.0f} s (the first second a "
         "warm-up, left out), then the",
         f"maximal request is sent ({f['items']:,} items, each cut at its model's",
-        "`max_sequence_length` tokens; `spell` queries of 64 words, its `max_words`; for",
+        "`max_sequence_length` tokens; `spell` queries of 64 words, its `max_words`; one",
+        "text, or one pair, as long as the 8 MiB body limit allows; for",
         "`/v1/search` one 64-word query with k 100). \"During\" counts the ordinary requests",
         "in flight at any moment between its send and its answer; \"before\", those answered",
         "in the seconds before it was sent.",

@@ -3,6 +3,7 @@ signal gets anything but a 200; the server exits 0 within its drain timeout."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -49,15 +50,17 @@ class Signalled:
 
 
 def sigterm_with_queue(name: str, target: float, *flags: str,
-                       on_ready: Callable[[Server], None] | None = None) -> Signalled:
+                       on_ready: Callable[[Server], None] | None = None,
+                       group: bool = False) -> Signalled:
     """Serve `embed` alone (its queue raised to QUEUE) with `flags`, send RATE req/s of ITEMS
     queries each, SIGTERM the server once `queryserve_queue_depth` reaches `target`, and keep
-    the load on a second past its exit."""
+    the load on a second past its exit. `group`: SIGTERM to the server's whole process group,
+    as systemd and `kill -- -PGID` send it."""
     repository = one_model_repository("embed", OUT / "repositories" / name,
                                       max_queue_size=QUEUE)
     stream = Stream(PATH, [kserve_body(g) for g in groups(ITEMS, 256)], RATE,
                     connections=32, max_connections=2048)
-    with serving(repository, name, *flags) as server:
+    with serving(repository, name, *flags, own_group=group) as server:
         if on_ready is not None:
             on_ready(server)
         with Background(server.url, stream, max_s=120, drain_s=DRAIN_S + 10) as load:
@@ -67,7 +70,10 @@ def sigterm_with_queue(name: str, target: float, *flags: str,
                 depth = server.metric("queryserve_queue_depth", "embed") or 0.0
             log(f"{name}: {depth:,.0f} items queued; SIGTERM")
             signalled = time.monotonic()
-            server.process.send_signal(signal.SIGTERM)
+            if group:
+                os.killpg(server.process.pid, signal.SIGTERM)
+            else:
+                server.process.send_signal(signal.SIGTERM)
             try:
                 code: int | None = server.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -63,15 +63,20 @@ def worker_pids(server: Server) -> dict[int, int]:
 
 
 def measure(mode: Mode) -> dict[str, Any]:
-    parts = {"sigterm": _sigterm(mode), "reload": _reload(mode), "kill": _kill(mode),
+    parts = {"sigterm": _sigterm(mode), "sigterm_group": _sigterm(mode, group=True),
+             "reload": _reload(mode), "kill": _kill(mode),
              "http_aging": _http_aging(mode), "grpc": _grpc_aging(mode)}
     return {**parts, "verdicts": [v for part in parts.values() for v in part["verdicts"]]}
 
 
-def _sigterm(mode: Mode) -> dict[str, Any]:
+def _sigterm(mode: Mode, group: bool = False) -> dict[str, Any]:
+    """SIGTERM to the supervisor; `group`: to the whole process group (systemd's default, `kill
+    -- -PGID`), which reaches each worker twice: directly and forwarded."""
     pids: dict[int, int] = {}
-    run = sigterm_with_queue("workers-sigterm", mode.pick(2000, 1000), *FLAGS,
-                             on_ready=lambda server: pids.update(worker_pids(server)))
+    run = sigterm_with_queue("workers-sigterm" + "-group" * group, mode.pick(2000, 1000),
+                             *FLAGS, on_ready=lambda server: pids.update(worker_pids(server)),
+                             group=group)
+    said = "SIGTERM to the process group" if group else "SIGTERM"
     depth, code, exit_s, signalled = run.depth, run.code, run.exit_s, run.signalled
     drained = run.log_text.count("every accepted request answered")
     records = run.records
@@ -82,11 +87,11 @@ def _sigterm(mode: Mode) -> dict[str, Any]:
         "exit_s": round(exit_s, 2), "workers_drained": drained, "left_behind": left,
         "verdicts": [
             verdict(before["non_200"] == 0,
-                    f"SIGTERM: {before['non_200']} non-200 among the {before['requests']:,} "
+                    f"{said}: {before['non_200']} non-200 among the {before['requests']:,} "
                     f"requests sent before the signal, {depth:,.0f} items queued at it "
                     "(target: 0)"),
             verdict(code == 0 and exit_s <= DRAIN_S and drained == 2 and not left,
-                    f"SIGTERM: exit code {code} after {exit_s:.2f} s, {drained} of 2 workers "
+                    f"{said}: exit code {code} after {exit_s:.2f} s, {drained} of 2 workers "
                     f"drained, {len(left)} left running (target: 0 within {DRAIN_S:.0f} s, "
                     "both drained, none left)"),
         ],
@@ -284,9 +289,20 @@ def _alive(pid: int) -> bool:
     return status.exists() and "zombie" not in status.read_text().lower()
 
 
-def render(f: dict[str, Any]) -> list[str]:
-    s, r, k, g, h = f["sigterm"], f["reload"], f["kill"], f["grpc"], f["http_aging"]
+def _sigterm_rows(s: dict[str, Any], to: str) -> list[str]:
     before = s["before"]
+    return [
+        f"| SIGTERM to {to}, 300 req/s of 16 queries, `max_queue_size` {QUEUE:,} | items "
+        f"queued at the signal (both workers) | {s['queued_at_signal']:,.0f} |",
+        f"| | requests sent before the signal | {before['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in before["outcomes"].items()) + " |",
+        f"| | signal to exit; exit code; workers drained; left running | {s['exit_s']:.2f} s; "
+        f"{s['exit_code']}; {s['workers_drained']} of 2; {len(s['left_behind'])} |",
+    ]
+
+
+def render(f: dict[str, Any]) -> list[str]:
+    r, k, g, h = f["reload"], f["kill"], f["grpc"], f["http_aging"]
     return [
         "`embed` alone, served by `queryserve serve --workers 2 --cores 2` (two workers of one",
         "core each, one instance each): the same faults as sections 2 and 3, a worker killed,",
@@ -296,12 +312,9 @@ def render(f: dict[str, Any]) -> list[str]:
         "",
         "| scenario | figure | value |",
         "|---|---|---|",
-        f"| SIGTERM, 300 req/s of 16 queries, `max_queue_size` {QUEUE:,} | items queued at "
-        f"the signal (both workers) | {s['queued_at_signal']:,.0f} |",
-        f"| | requests sent before the signal | {before['requests']:,}: "
-        + ", ".join(f"{n:,} x {st}" for st, n in before["outcomes"].items()) + " |",
-        f"| | signal to exit; exit code; workers drained; left running | {s['exit_s']:.2f} s; "
-        f"{s['exit_code']}; {s['workers_drained']} of 2; {len(s['left_behind'])} |",
+        *_sigterm_rows(f["sigterm"], "the supervisor"),
+        *(_sigterm_rows(f["sigterm_group"], "the process group (each worker gets it twice: "
+                        "directly and forwarded)") if "sigterm_group" in f else []),
         f"| {r['reloads']} reloads of `embed` under 200 req/s | requests | "
         f"{r['load']['requests']:,}: "
         + ", ".join(f"{n:,} x {st}" for st, n in r["load"]["outcomes"].items())
