@@ -383,3 +383,28 @@ def test_a_replacement_catches_up_with_an_unload_made_while_it_loaded(tmp_path: 
         assert statuses == {503}, server.log_text()  # from both workers
     finally:
         stop_server(server)
+
+
+def test_a_load_cut_short_by_sigterm_is_a_503_not_a_500(tmp_path: Path) -> None:
+    """A SIGTERM while a load ran in both workers: the sibling stopped answering, and the
+    load was a 500 naming asyncio's own error ("0 bytes read on a total of 4")."""
+    write_fake_model(tmp_path, "fast")
+    write_fake_model(tmp_path, "heavy", delay_ms=3000)  # its warmup: 3 s of loading
+    with (tmp_path / "heavy" / "model.yaml").open("a") as config:
+        config.write("model_warmup: [{name: one, batch_size: 1, text: warm}]\n")
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS, ready_s=60)
+    try:
+        with httpx.Client(timeout=60) as client:
+            loading = threading.Thread(target=lambda: outcome.append(client.post(
+                f"{server.url}/v2/repository/models/heavy/load")))
+            outcome: list[httpx.Response] = []
+            loading.start()
+            time.sleep(1.0)  # both workers build it now
+            server.process.send_signal(signal.SIGTERM)
+            loading.join(60)
+        assert outcome and outcome[0].status_code in (200, 503), outcome[0].text
+        assert server.process.wait(timeout=60) == 0
+        assert "Traceback" not in server.log_text()
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()

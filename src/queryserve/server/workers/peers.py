@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from queryserve import errors
-from queryserve.errors import QueryServeError, ServeError
+from queryserve.errors import QueryServeError, ServeError, Unavailable
 from queryserve.server.snapshot import Snapshot
 from queryserve.server.state import ServerState
 
@@ -124,6 +124,11 @@ class Siblings:
                             "what its siblings serve", worker, action, name)
             elif isinstance(answer, QueryServeError):
                 raise _again(answer, worker)
+            elif isinstance(answer, asyncio.IncompleteReadError | ConnectionError):
+                # It closed the control connection without answering: it is stopping (a
+                # SIGTERM came during the load). Was a 500 naming asyncio's own error.
+                raise Unavailable(f"worker {worker} stopped before it could {action} "
+                                  f"'{name}': the server is shutting down")
             elif isinstance(answer, BaseException):
                 raise ServeError(f"worker {worker} did not {action} '{name}': {answer}")
 
@@ -181,6 +186,8 @@ async def answer_siblings(state: ServerState, seat: Seat) -> asyncio.AbstractSer
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass  # the asking worker went away; it gets nothing
+        except asyncio.CancelledError:
+            pass  # this worker is stopping mid-request: the asker hears the connection close
         finally:
             writer.close()
 
