@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -207,23 +208,35 @@ def test_one_large_request_does_not_lock_out_the_others(fake_server: RunningServ
     asyncio.run(run())
 
 
+@contextmanager
+def serving_unready(repository: Path) -> Iterator[tuple[str, Path]]:
+    """`serve` of a repository one of whose models fails to load: its URL and log once the
+    others are loaded (readiness stays 503, so `start_server` would wait for ever)."""
+    log = repository / "server.log"
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
+             "--http", f"127.0.0.1:{port}", "--grpc", "off"], stdout=sink,
+            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "not ready" not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}", log
+        assert "Traceback" not in log.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
 def test_a_malformed_ensemble_leaves_the_other_models_serving(tmp_path: Path) -> None:
     """Regression: a malformed search/pipeline.yaml stopped `serve` at start."""
     write_fake_model(tmp_path, "fast")
     (tmp_path / "search").mkdir()
     (tmp_path / "search" / "pipeline.yaml").write_text("embed: fast\nk: lots\n")
-    port_log = tmp_path / "server.log"
-    port = free_port()
-    with port_log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
-             "--http", f"127.0.0.1:{port}", "--grpc", "off"], stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while "not ready" not in port_log.read_text() and time.monotonic() < deadline:
-            assert process.poll() is None, port_log.read_text()
-            time.sleep(0.1)
+    with serving_unready(tmp_path) as (url, _):
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503  # search is not loaded
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
@@ -231,10 +244,6 @@ def test_a_malformed_ensemble_leaves_the_other_models_serving(tmp_path: Path) ->
         assert "pipeline.yaml: field 'k' is 'lots'; expected an integer" in reason
         search = httpx.post(f"{url}/v1/search", json={"query": "x"})
         assert search.status_code == 503 and "field 'k'" in search.json()["error"]
-        assert "Traceback" not in port_log.read_text()
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
 
 
 def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
@@ -255,19 +264,7 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         (wide / name).symlink_to(REPOSITORY / "intent" / name)
     (wide / "model.yaml").write_text((REPOSITORY / "intent" / "model.yaml").read_text()
                                      .replace("dims: [60]", "dims: [61]"))
-    log = tmp_path / "server.log"
-    port = free_port()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
-             "--http", f"127.0.0.1:{port}", "--grpc", "off"], stdout=sink,
-            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while "not ready" not in log.read_text() and time.monotonic() < deadline:
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.1)
+    with serving_unready(tmp_path) as (url, _):
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
         assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
@@ -275,10 +272,6 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
             index["wide"]["reason"]
         load = httpx.post(f"{url}/v2/repository/models/broken/load")
         assert load.status_code == 400 and "InvalidProtobuf" in load.json()["error"]
-        assert "Traceback" not in log.read_text()
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
 
 
 def rss_mb(pid: int) -> float:
