@@ -112,3 +112,15 @@ def test_bad_requests_name_the_problem(raw: bytes, headers: dict[str, str], mess
     with pytest.raises((InvalidInput, UnsupportedMediaType)) as error:
         decode_infer_request(raw, headers, CONFIG)
     assert message in error.value.message
+
+
+def test_the_item_limit_is_checked_on_the_shape_before_the_data_is_decoded() -> None:
+    from queryserve.errors import PayloadTooLarge
+
+    count = 2_000_000
+    blob = struct.pack("<I", 0) * count  # 8 MB of empty BYTES elements
+    header = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [count, 1],
+                                       "parameters": {"binary_data_size": len(blob)}}]})
+    headers = {"inference-header-content-length": str(len(header))}
+    with pytest.raises(PayloadTooLarge, match=f"the request has {count} items; at most 1024"):
+        decode_infer_request(header + blob, headers, CONFIG, max_items=1024)

@@ -23,7 +23,7 @@ import numpy as np
 from queryserve import __version__
 from queryserve.api import Inputs, decode_texts
 from queryserve.config import ModelConfig, TensorSpec
-from queryserve.errors import InvalidInput
+from queryserve.errors import InvalidInput, PayloadTooLarge
 from queryserve.repository import VERSION
 from queryserve.server.classification import PARAMETER as CLASSIFICATION
 from queryserve.server.classification import classification_count, top_classes
@@ -117,7 +117,8 @@ class OutputPart(NamedTuple):
 
 def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
                   outputs: Sequence[OutputPart], parameters: dict[str, Any], *,
-                  id: str | None, binary_default: bool, read_data: DataReader) -> InferRequest:
+                  id: str | None, binary_default: bool, read_data: DataReader,
+                  max_items: int | None = None) -> InferRequest:
     """The request, checked against the model's config: the one place where an infer request
     is built, whichever protocol carried it."""
     if not parts:
@@ -129,6 +130,11 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
         where = f"input '{spec.name}'"
         count = check_tensor(spec, part.datatype, part.shape, config, where)
         assert isinstance(part.shape, list)  # check_tensor said so
+        if max_items is not None and part.shape[0] > max_items:
+            # On the shape, before the data is decoded: 2,000,000 empty BYTES elements in
+            # 8 MB cost 0.46 s of the loop's time before the same answer came.
+            raise PayloadTooLarge(f"the request has {part.shape[0]} items; at most "
+                                  f"{max_items} are allowed per request")
         values = (values_from_raw(part.raw, spec.datatype, count, where) if part.raw is not None
                   else read_data(part.data, spec.datatype, part.shape, where))
         if spec.name in inputs:

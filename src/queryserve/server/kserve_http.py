@@ -73,8 +73,9 @@ class KServeRoutes:
         return json_response({"model_stats": await self.service.statistics()})
 
     async def infer(self, request: Request, name: str, version: str | None) -> Response:
-        answer = await self.service.infer(name, version, lambda config: (
-            kserve_json.decode_infer_request(request.body, request.headers, config)))
+        answer = await self.service.infer(name, version, lambda config, max_items: (
+            kserve_json.decode_infer_request(request.body, request.headers, config,
+                                             max_items)))
         body, header_length = kserve_json.encode_infer_response(answer)
         if header_length is None:
             return Response(200, body)

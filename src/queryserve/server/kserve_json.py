@@ -32,8 +32,8 @@ from queryserve.server.kserve import (
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def decode_infer_request(body: bytes, headers: dict[str, str],
-                         config: ModelConfig) -> InferRequest:
+def decode_infer_request(body: bytes, headers: dict[str, str], config: ModelConfig,
+                         max_items: int | None = None) -> InferRequest:
     check_uncompressed(headers)
     header_length = headers.get(HEADER_LENGTH)
     if header_length is not None:
@@ -61,7 +61,7 @@ def decode_infer_request(body: bytes, headers: dict[str, str],
                          id=request_id,
                          binary_default=flag(parameters, "binary_data_output", False,
                                              "parameters"),
-                         read_data=_from_json)
+                         read_data=_from_json, max_items=max_items)
 
 
 def parse_json(data: bytes | memoryview) -> Any:

@@ -18,8 +18,9 @@ from queryserve.scheduling.stats import ModelStats
 from queryserve.server import kserve
 from queryserve.server.state import ServerState
 
-Decoder = Callable[[ModelConfig], kserve.InferRequest]
-"""A codec's decoding of the request it holds, against the config of the model it names."""
+Decoder = Callable[[ModelConfig, int], kserve.InferRequest]
+"""A codec's decoding of the request it holds, against the config of the model it names and
+the server's item limit (checked on the shape, before a tensor's data is decoded)."""
 
 
 class KServeService:
@@ -31,7 +32,7 @@ class KServeService:
     async def infer(self, name: str, version: str | None,
                     decode: Decoder) -> kserve.InferAnswer:
         model = self.state.model(name, version)
-        request = decode(model.config)
+        request = decode(model.config, self.state.limits.max_items)
         result = await self.state.infer(model, kserve.model_inputs(request, model.config))
         return kserve.InferAnswer.of(model.config, request, model.tensors(result))
 

@@ -59,8 +59,8 @@ def parameters(fields: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def decode_infer_request(request: pb.ModelInferRequest,
-                         config: ModelConfig) -> kserve.InferRequest:
+def decode_infer_request(request: pb.ModelInferRequest, config: ModelConfig,
+                         max_items: int | None = None) -> kserve.InferRequest:
     """The request, checked against the model's config, in the shared core's terms."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
@@ -78,7 +78,7 @@ def decode_infer_request(request: pb.ModelInferRequest,
                for output in request.outputs]
     return kserve.infer_request(config, parts, outputs, parameters(request.parameters),
                                 id=request.id or None, binary_default=bool(raw),
-                                read_data=_typed_values)
+                                read_data=_typed_values, max_items=max_items)
 
 
 def _typed_values(contents: object, datatype: str, shape: list[int],

@@ -116,9 +116,9 @@ class InferenceService:
 
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        answer = await self.service.infer(request.model_name, request.model_version,
-                                          lambda config: codec.decode_infer_request(request,
-                                                                                    config))
+        answer = await self.service.infer(
+            request.model_name, request.model_version,
+            lambda config, max_items: codec.decode_infer_request(request, config, max_items))
         return codec.encode_infer_response(answer)
 
     async def ModelStreamInfer(self, requests: Any, context: Any) -> None:
