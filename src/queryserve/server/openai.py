@@ -56,9 +56,12 @@ class OpenAIRoutes:
                           "'float' or 'base64'", "encoding_format")
         width = model.config.outputs[0].dims[-1]
         dimensions = body.get("dimensions")
-        if dimensions not in (None, width) or isinstance(dimensions, bool):
+        if dimensions is not None and type(dimensions) is not int:  # "384" is not 384
+            raise invalid(f"'dimensions' must be an integer, got {str(dimensions)[:40]!r}",
+                          "dimensions")
+        if dimensions not in (None, width):
             raise invalid(f"model '{name}' returns {width} dimensions; 'dimensions' "
-                          f"{str(dimensions)[:40]} is not supported", "dimensions")
+                          f"{dimensions} is not supported", "dimensions")
         with about("input"):  # what the model refuses is in the input (a token id)
             result = await self.state.infer(model, inputs)
         return json_response(embeddings_answer(name, result, encoding == "base64"))

@@ -106,7 +106,11 @@ class TaskRoutes:
         name = body.get("model", default)
         if not isinstance(name, str):
             raise InvalidInput(f"'model' must name a model, e.g. \"{default}\"")
-        return self.state.model(name).answering(kind, route)
+        try:
+            model = self.state.model(name)
+        except InvalidInput:  # not even a model name ("../x"): not one this server has, as
+            raise self.state.unknown_model(name) from None  # the OpenAI routes answer (404)
+        return model.answering(kind, route)
 
     def texts(self, body: dict[str, Any], field: str, example: str) -> list[str]:
         if not isinstance(body.get(field), list):
