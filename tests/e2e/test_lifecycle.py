@@ -209,19 +209,19 @@ def test_one_large_request_does_not_lock_out_the_others(fake_server: RunningServ
 
 
 @contextmanager
-def serving_unready(repository: Path) -> Iterator[tuple[str, Path]]:
+def serving_unready(repository: Path, *flags: str) -> Iterator[tuple[str, Path]]:
     """`serve` of a repository one of whose models fails to load: its URL and log once the
     others are loaded (readiness stays 503, so `start_server` would wait for ever)."""
-    log = repository / "server.log"
+    log = repository / f"server{len(flags)}.log"
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "queryserve", "serve", "--repository", str(repository),
-             "--http", f"127.0.0.1:{port}", "--grpc", "off"], stdout=sink,
+             "--http", f"127.0.0.1:{port}", "--grpc", "off", *flags], stdout=sink,
             stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
-        while "not ready" not in log.read_text() and time.monotonic() < deadline:
+        while "failed to load" not in log.read_text() and time.monotonic() < deadline:
             assert process.poll() is None, log.read_text()
             time.sleep(0.1)
         yield f"http://127.0.0.1:{port}", log
@@ -272,6 +272,14 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
             index["wide"]["reason"]
         load = httpx.post(f"{url}/v2/repository/models/broken/load")
         assert load.status_code == 400 and "InvalidProtobuf" in load.json()["error"]
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 503  # strict, by default
+    # Not strict (Triton's --strict-readiness false): one broken folder does not take every
+    # replica out of service; an unload does not either.
+    with serving_unready(tmp_path, "--no-strict-readiness") as (url, log):
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+        assert httpx.post(f"{url}/v2/repository/models/fast/unload").status_code == 200
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+        assert "ready: broken, wide failed to load" in log.read_text()
 
 
 def rss_mb(pid: int) -> float:

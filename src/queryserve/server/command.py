@@ -100,6 +100,12 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="prepare the default models (queryserve prepare) while serving, "
                             "loading each as soon as it is built; readiness answers 503 until "
                             "the last (what `make run` does)")
+    serve.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction,
+                       default=True,
+                       help="readiness answers 200 only while every model of the repository is "
+                            "loaded (the default, as Triton's); --no-strict-readiness: once the "
+                            "first load is done, whatever failed or was unloaded, so one "
+                            "broken or new folder does not take every replica out of service")
     serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
                        help="server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
                             "behind a supervisor that drains and replaces them; auto: one per "
@@ -200,7 +206,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
         aliases=dict(args.served_model_name), access_log=args.access_log,
-        otlp_endpoint=args.otlp_endpoint, prepare=args.prepare)
+        otlp_endpoint=args.otlp_endpoint, prepare=args.prepare,
+        strict_readiness=args.strict_readiness)
     from queryserve.repository import available_cores
     from queryserve.server.workers.plan import auto_workers, idle_cores
 

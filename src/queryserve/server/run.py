@@ -72,6 +72,8 @@ class ServeOptions:
     prepare: bool = False
     """Prepare the default models (`queryserve prepare`, a child process) while serving, and
     load each as soon as it is ready: `embed` answers minutes before the last is built."""
+    strict_readiness: bool = True
+    """Ready only while every model of the repository is loaded (`ServerState.ready`)."""
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
@@ -84,6 +86,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     access_log = AccessLog(options.access_log) if options.access_log is not None else None
     tracing = Tracing(options.otlp_endpoint) if options.otlp_endpoint is not None else None
     app = ServerApp(repository, options.limits, auth, options.aliases, access_log, tracing)
+    app.state.strict_readiness = options.strict_readiness
     seat = options.seat
     siblings = app.state.siblings = Siblings(seat) if seat is not None else None
     stop = _stop_on_signals(app.state, worker=siblings is not None)
@@ -110,7 +113,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
             listeners = await _listen(app, options)
             siblings.serve(True)
         app.state.loading = False
-        _log_ready(repository)
+        _log_ready(repository, options.strict_readiness)
         if started is not None:
             started.set()
         await stopping
@@ -291,9 +294,9 @@ def _warn_if_open(options: ServeOptions) -> None:
                     ", ".join(exposed))
 
 
-def _log_ready(repository: ModelRepository) -> None:
-    if repository.errors:  # /v2/health/ready answers 503 until they load
-        log.warning("not ready: %s failed to load; serving %s",
+def _log_ready(repository: ModelRepository, strict: bool) -> None:
+    if repository.errors:  # strict: /v2/health/ready answers 503 until they load
+        log.warning("%s: %s failed to load; serving %s", "not ready" if strict else "ready",
                     ", ".join(sorted(repository.errors)),
                     ", ".join(sorted(repository.models)) or "no models")
     else:

@@ -108,6 +108,9 @@ class ServerState:
     """Until the repository's first load is done."""
     draining: bool = False
     """From the first SIGTERM/SIGINT: readiness answers 503 while accepted work finishes."""
+    strict_readiness: bool = True
+    """Ready only while every model of the repository is loaded; False: once the first load
+    is done, whatever failed or was unloaded since (Triton's `--strict-readiness false`)."""
     auth: AccessControl = field(default_factory=AccessControl)
     """API keys and the browser guard (Host, Origin, CORS), shared by HTTP and gRPC."""
     aliases: dict[str, str] = field(default_factory=dict)
@@ -119,7 +122,8 @@ class ServerState:
     load and unload are the whole server's, whichever worker answers."""
 
     def ready(self) -> bool:
-        return (not self.loading and not self.draining and self.repository.ready()
+        return (not self.loading and not self.draining
+                and (not self.strict_readiness or self.repository.ready())
                 and (self.siblings is None or self.siblings.all_serving()))
 
     def snapshot_here(self) -> Snapshot:
