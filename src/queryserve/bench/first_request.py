@@ -17,11 +17,12 @@ from queryserve.bench.payloads import Payloads
 from queryserve.errors import BenchError
 
 TIMEOUT_S = 60.0  # a first request may wait for a cold model
-_LOAD_STATUSES = (408, 429)
-# The gRPC codes that mean "this request is wrong", with the HTTP status of that meaning
-# (as the KServe protocol maps them), so both protocols report alike.
-_GRPC_REFUSALS = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403,
-                  "NOT_FOUND": 404, "UNIMPLEMENTED": 501, "FAILED_PRECONDITION": 400}
+
+
+def _refusal(status: int) -> bool:
+    """Whether a status says the request itself is wrong: a 4xx but 408 and 429 (load), or a
+    501 (the server has no such method or route)."""
+    return (400 <= status < 500 and status not in (408, 429)) or status == 501
 
 
 def check_first_request(url: str, protocol: str, payloads: Payloads,
@@ -47,9 +48,7 @@ def _http_refusal(url: str, payloads: Payloads, headers: dict[str, str]) -> tupl
         with urllib.request.urlopen(request, timeout=TIMEOUT_S):
             return None
     except urllib.error.HTTPError as exc:
-        if exc.code >= 500 or exc.code < 400 or exc.code in _LOAD_STATUSES:
-            return None
-        return exc.code, _message(exc.read())
+        return (exc.code, _message(exc.read())) if _refusal(exc.code) else None
     except (urllib.error.URLError, OSError):
         return None  # unreachable or reset: the load reports it as it does today
 
@@ -72,6 +71,8 @@ def _message(body: bytes) -> str:
 def _grpc_refusal(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str] | None:
     import grpc
 
+    from queryserve.bench.loadgen.grpc_open_loop import HTTP_STATUS  # the load's own reading
+
     address = url.removeprefix("grpc://")
     with grpc.insecure_channel(address) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
@@ -81,7 +82,7 @@ def _grpc_refusal(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, 
                  metadata=[(name.lower(), value) for name, value in headers.items()])
         except grpc.RpcError as exc:
             code = exc.code()
-            status = _GRPC_REFUSALS.get(code.name)
-            if status is not None:
+            status = HTTP_STATUS.get(code, 500)
+            if _refusal(status):
                 return status, f"{code.name}: {exc.details()}"
     return None

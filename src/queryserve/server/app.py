@@ -52,8 +52,7 @@ class ServerApp:
         started = time.perf_counter() if access_log is not None else 0.0
         headers = request.headers
         given = headers.get("x-request-id")
-        request.id = (given if given is not None and valid_id(given)
-                      else f"{self._id_prefix}-{next(self._ids):x}")
+        request.id = given if given is not None and valid_id(given) else self._new_id()
         tracing = self.tracing
         span = tracing.start(request) if tracing is not None else None
         origin = headers.get("origin")
@@ -69,9 +68,7 @@ class ServerApp:
             log.exception("error answering %s %s (request %s)", request.method[:20],
                           request.path[:200], request.id)
             response = error_response(request.path, QueryServeError("internal server error"))
-        response.headers.append(("x-request-id", request.id))
-        if origin is not None and auth.cors_origins and auth.cors_allows(origin):
-            response.headers.extend(auth.cors_headers(origin))
+        self._sign(response, request.id, origin)
         if access_log is not None:
             access_log.write(request, response, time.perf_counter() - started)
         if tracing is not None:
@@ -86,12 +83,18 @@ class ServerApp:
         error = QueryServeError(message)
         error.http_status = status
         response = error_response(path, error)
-        response.headers.append(("x-request-id", f"{self._id_prefix}-{next(self._ids):x}"))
-        origin = headers.get("origin")
+        self._sign(response, self._new_id(), headers.get("origin"))
+        return response
+
+    def _new_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids):x}"
+
+    def _sign(self, response: Response, request_id: str, origin: str | None) -> None:
+        """What every answer carries: its request id, and CORS headers for an allowed page."""
+        response.headers.append(("x-request-id", request_id))
         auth = self.state.auth
         if origin is not None and auth.cors_origins and auth.cors_allows(origin):
             response.headers.extend(auth.cors_headers(origin))
-        return response
 
     async def _guarded(self, request: Request, origin: str | None) -> Response:
         """The Host and Origin checks, a CORS preflight's answer, the API key; then the route."""
