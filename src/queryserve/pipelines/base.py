@@ -176,8 +176,8 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         if misses:
             fresh = [texts[i][:self.max_chars] for i in misses]
             fresh_pairs = None if pairs is None else [pairs[i][:self.max_chars] for i in misses]
-            if (len(misses) <= ENCODE_ON_LOOP_MAX and sum(map(len, fresh)) + sum(
-                    map(len, fresh_pairs or ())) <= ENCODE_ON_LOOP_MAX_CHARS):
+            chars = sum(map(len, fresh)) + sum(map(len, fresh_pairs or ()))
+            if len(misses) <= ENCODE_ON_LOOP_MAX and chars <= ENCODE_ON_LOOP_MAX_CHARS:
                 payloads, elapsed_ns = self._encode_timed(fresh, fresh_pairs)
             else:  # the tokenizer releases the GIL: the loop serves others meanwhile
                 payloads, elapsed_ns = await asyncio.get_running_loop().run_in_executor(

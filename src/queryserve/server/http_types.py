@@ -144,6 +144,7 @@ def plain_refusal(path: str, headers: dict[str, str], status: int, message: str)
 
 def check_uncompressed(headers: dict[str, str]) -> None:
     """A body is read as sent: a compressed one is refused (415), not misread as JSON."""
-    if headers.get("content-encoding", "identity").strip().lower() not in ("identity", ""):
+    encoding = headers.get("content-encoding")  # mostly absent: nothing more to do
+    if encoding is not None and encoding.strip().lower() not in ("identity", ""):
         raise UnsupportedMediaType("compressed request bodies are not supported; "
                                    "send them uncompressed")

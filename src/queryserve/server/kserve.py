@@ -125,7 +125,8 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     inputs: dict[str, InputValues] = {}
     for i, part in enumerate(parts):
-        _no_shared_memory(part.parameters, f"inputs[{i}]")
+        if part.parameters:  # mostly none: no check, no message made, on the hot path
+            _no_shared_memory(part.parameters, f"inputs[{i}]")
         spec = input_spec(part.name, i, config)
         where = f"input '{spec.name}'"
         count = check_tensor(spec, part.datatype, part.shape, config, where)
@@ -146,7 +147,8 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
     wanted: dict[str, bool] = {}
     classifications: dict[str, int] = {}
     for i, output in enumerate(outputs):
-        _no_shared_memory(output.parameters, f"outputs[{i}]")
+        if output.parameters:
+            _no_shared_memory(output.parameters, f"outputs[{i}]")
         name, classes = requested_output(output.name, output.parameters, i, config)
         if name in wanted:  # answered once, a client reading outputs by position is misled
             raise InvalidInput(f"outputs[{i}]: output '{name}' is asked for twice")

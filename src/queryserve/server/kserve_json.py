@@ -88,7 +88,8 @@ def _tensor_parts(raw_inputs: list[Any], binary: memoryview) -> list[TensorPart]
         if not isinstance(raw, dict):
             raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype and "
                                "data")
-        given = _parameters(raw.get("parameters"), f"inputs[{i}].parameters")
+        given = raw.get("parameters")
+        given = {} if given is None else _parameters(given, f"inputs[{i}].parameters")
         size = given.get("binary_data_size")
         chunk = None
         if size is not None:
