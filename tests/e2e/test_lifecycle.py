@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -209,9 +210,9 @@ def test_one_large_request_does_not_lock_out_the_others(fake_server: RunningServ
 
 
 @contextmanager
-def serving_unready(repository: Path, *flags: str) -> Iterator[tuple[str, Path]]:
-    """`serve` of a repository one of whose models fails to load: its URL and log once the
-    others are loaded (readiness stays 503, so `start_server` would wait for ever)."""
+def serving_unready(repository: Path, *flags: str) -> Iterator[tuple[str, Path, int]]:
+    """`serve` of a repository one of whose models fails to load: its URL, log and pid once
+    the others are loaded (readiness stays 503, so `start_server` would wait for ever)."""
     log = repository / f"server{len(flags)}.log"
     port = free_port()
     with log.open("wb") as sink:
@@ -224,7 +225,7 @@ def serving_unready(repository: Path, *flags: str) -> Iterator[tuple[str, Path]]
         while "failed to load" not in log.read_text() and time.monotonic() < deadline:
             assert process.poll() is None, log.read_text()
             time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}", log
+        yield f"http://127.0.0.1:{port}", log, process.pid
         assert "Traceback" not in log.read_text()
     finally:
         process.terminate()
@@ -236,7 +237,7 @@ def test_a_malformed_ensemble_leaves_the_other_models_serving(tmp_path: Path) ->
     write_fake_model(tmp_path, "fast")
     (tmp_path / "search").mkdir()
     (tmp_path / "search" / "pipeline.yaml").write_text("embed: fast\nk: lots\n")
-    with serving_unready(tmp_path) as (url, _):
+    with serving_unready(tmp_path) as (url, _, _):
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503  # search is not loaded
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
@@ -264,22 +265,39 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         (wide / name).symlink_to(REPOSITORY / "intent" / name)
     (wide / "model.yaml").write_text((REPOSITORY / "intent" / "model.yaml").read_text()
                                      .replace("dims: [60]", "dims: [61]"))
-    with serving_unready(tmp_path) as (url, _):
+    # A max_sequence_length past the graph's positions loaded, then every long query was a 500.
+    long = tmp_path / "long"
+    long.mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        (long / name).symlink_to(REPOSITORY / "intent" / name)
+    (long / "model.yaml").write_text(re.sub(r"max_sequence_length: \d+",
+                                            "max_sequence_length: 100000",
+                                            (REPOSITORY / "intent" / "model.yaml").read_text()))
+    with serving_unready(tmp_path) as (url, _, pid):
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
         assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
         assert "output 'probabilities' has dims [61], but model.onnx gives 60" in \
             index["wide"]["reason"]
+        assert "max_sequence_length is 100000, and the model fails on an input of that many " \
+            "tokens" in index["long"]["reason"]
+        # A model that fails its warmup takes its instances' threads with it (each failed
+        # load of it kept two).
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+        for _ in range(2):
+            load = httpx.post(f"{url}/v2/repository/models/long/load")
+            assert load.status_code == 400 and "max_sequence_length" in load.json()["error"]
+        assert len(os.listdir(f"/proc/{pid}/task")) == threads
         load = httpx.post(f"{url}/v2/repository/models/broken/load")
         assert load.status_code == 400 and "InvalidProtobuf" in load.json()["error"]
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503  # strict, by default
     # Not strict (Triton's --strict-readiness false): one broken folder does not take every
     # replica out of service; an unload does not either.
-    with serving_unready(tmp_path, "--no-strict-readiness") as (url, log):
+    with serving_unready(tmp_path, "--no-strict-readiness") as (url, log, _):
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
         assert httpx.post(f"{url}/v2/repository/models/fast/unload").status_code == 200
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
-        assert "ready: broken, wide failed to load" in log.read_text()
+        assert "ready: broken, long, wide failed to load" in log.read_text()
 
 
 def rss_mb(pid: int) -> float:

@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from tokenizers import Tokenizer
 
@@ -113,10 +113,38 @@ class TextPipeline(ABC, Generic[P, R, Res]):
     def tensors(self, result: Res) -> dict[str, Array]:
         """The answer as the model's declared outputs, by name (KServe v2)."""
 
+    takes_pairs: ClassVar[bool] = False
+    """An item is a pair of texts (`text`, `text_pair`): warmup sends both."""
+    cuts_to_length: ClassVar[bool] = True
+    """The tokenizer cuts a text at `max_sequence_length` tokens and the model reads the rest
+    (a generator refuses what it would cut instead)."""
+
     def warmup(self) -> None:
-        """Run the configured warmup samples on every instance before the model is ready."""
-        for sample in self.config.model_warmup:
-            self.scheduler.run_now(self.encode([sample.text] * sample.batch_size, None))
+        """Run the configured warmup samples on every instance before the model is ready, then
+        the longest input the model is configured to read."""
+        try:
+            for sample in self.config.model_warmup:
+                texts = [sample.text] * sample.batch_size
+                self.scheduler.run_now(self.encode(texts, texts if self.takes_pairs else None))
+            if self.cuts_to_length:
+                self._read_longest()
+        except BaseException:
+            self.scheduler.release()  # never served: nothing else would end its threads
+            raise
+
+    def _read_longest(self) -> None:
+        """A `max_sequence_length` over what the graph holds (its table of positions: 512 for
+        BERT) loaded, and then every long query was a 500: it is refused at load."""
+        length = self.config.parameter("max_sequence_length", 256)
+        text = "a " * length  # a token a word: the tokenizer cuts it at `length` tokens
+        try:
+            self.scheduler.run_now(self.encode([text], [text] if self.takes_pairs else None))
+        except Exception as exc:
+            raise ConfigError(
+                f"{self.config.path / 'model.yaml'}: parameters.max_sequence_length is {length}, "
+                f"and the model fails on an input of that many tokens ({type(exc).__name__}: "
+                f"{exc}); set it to at most the positions the model was trained with (512 for "
+                "BERT-like models)") from exc
 
     # -- lifecycle ------------------------------------------------------------------------------
 

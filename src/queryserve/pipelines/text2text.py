@@ -71,6 +71,8 @@ class GeneratedText(TextPipeline[list[str], Generation, Corrections]):
     without a `score` output is sure of itself: its corrections score 1). A payload is a list
     of strings: tokens (`text2text`) or words (`spelling`)."""
 
+    cuts_to_length = False  # a text it would cut is refused (`TextToText.encode`)
+
     def count(self, payload: list[str]) -> int:
         return max(1, len(payload))
 

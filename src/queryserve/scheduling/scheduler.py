@@ -338,12 +338,17 @@ class Scheduler(Generic[P, R]):
             return
         if self._timer is not None:
             self._timer.cancel()
+        self.release()
+        self._closed.set_result(None)
+
+    def release(self) -> None:
+        """End the instances' threads and drop their sessions, with nothing in flight: once
+        closed, or at once for a model that failed its warmup (its threads outlived it)."""
         for instance in self.instances:
             instance.thread.shutdown()
         # Drop the sessions now rather than when the cyclic collector finds the retired
         # pipeline: a reload would otherwise hold two models' memory until a full collection.
         self.instances, self._free = [], []
-        self._closed.set_result(None)
 
     def abort(self) -> None:
         """Fail whatever still waits (shutdown past its drain deadline)."""

@@ -49,6 +49,8 @@ class CrossPairScoring(EncoderRows[PairScores]):
     probabilities, from its output `probabilities_output` (the model's declared output is the
     one-column probability that KServe clients read)."""
 
+    takes_pairs = True
+
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
         super().__init__(config, backends, stats, tokenizer)
@@ -81,7 +83,3 @@ class CrossPairScoring(EncoderRows[PairScores]):
     def tensors(self, result: PairScores) -> dict[str, Array]:
         return {self.output_name: result.probabilities.reshape(-1, 1)}
 
-    def warmup(self) -> None:
-        for sample in self.config.model_warmup:
-            texts = [sample.text] * sample.batch_size
-            self.scheduler.run_now(self.encode(texts, texts))

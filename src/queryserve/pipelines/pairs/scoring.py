@@ -52,6 +52,8 @@ class Pair:
 
 
 class PairScoring(TextPipeline[Pair, float, PairScores]):
+    takes_pairs = True
+
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
         super().__init__(config, backends, stats)
@@ -86,10 +88,6 @@ class PairScoring(TextPipeline[Pair, float, PairScores]):
     def tensors(self, result: PairScores) -> dict[str, Array]:
         return {self.output_name: result.probabilities.reshape(-1, 1)}
 
-    def warmup(self) -> None:
-        for sample in self.config.model_warmup:
-            texts = [sample.text] * sample.batch_size
-            self.scheduler.run_now(self.encode(texts, texts))
 
     # -- batch stages, on an instance's thread ------------------------------------------------
 
