@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,7 +18,14 @@ import pytest
 from queryserve.indexing import build_index
 from queryserve.local import embed
 from queryserve.pipelines.search.index import index_is_current, load_index
-from tests.conftest import REPOSITORY, ROOT, RunningServer
+from tests.conftest import (
+    REPOSITORY,
+    ROOT,
+    RunningServer,
+    start_server,
+    stop_server,
+    write_fake_model,
+)
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -215,3 +223,34 @@ def test_dashboard_shows_throughput_after_a_burst(real_server: RunningServer,
         timeout=15_000)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     page.close()
+
+
+def test_the_pages_ask_for_the_api_key_and_use_it(tmp_path: Path, browser: object) -> None:
+    """With `--api-key`, opening a page was a 401 (a browser sends no key when it navigates)
+    and the pages' requests sent none: both pages were unusable. The HTML is public now; a
+    refused request asks for the key once, and every request of the tab carries it."""
+    write_fake_model(tmp_path, "fast")
+    server = start_server(tmp_path, tmp_path / "server.log", "--api-key", "s3cret")
+    try:
+        assert httpx.get(f"{server.url}/metrics").status_code == 401
+        page = browser.new_page()  # type: ignore[attr-defined]
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept("s3cret")
+
+        page.on("dialog", answer)
+        assert page.goto(f"{server.url}/dashboard").status == 200
+        page.locator("tr[data-model='fast']").wait_for(timeout=15_000)
+        # The search page, in the same tab: the key is kept, not asked again; the request gets
+        # past the key to the model (this repository has no `search`).
+        assert page.goto(f"{server.url}/").status == 200
+        page.locator("#q").press_sequentially("jazz", delay=20)
+        page.wait_for_function("document.getElementById('error').textContent.includes('search')",
+                               timeout=15_000)
+        assert "API key" not in page.locator("#error").inner_text()
+        assert asked == ["This server needs its API key (--api-key):"]
+        page.close()
+    finally:
+        stop_server(server)

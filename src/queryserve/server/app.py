@@ -107,7 +107,7 @@ class ServerApp:
                     "access-control-request-method" in request.headers:
                 return Response(204, headers=auth.preflight_headers(
                     request.headers.get("access-control-request-headers", "")))
-        if not request.path.startswith(PUBLIC_PREFIX):
+        if not (request.path.startswith(PUBLIC_PREFIX) or request.path in pages.PAGES):
             auth.check_key(request.headers.get("authorization"))
         return await self.router(request)
 

@@ -1,5 +1,9 @@
 """The web pages: the search bar (`/`) and the live dashboard (`/dashboard`), each one
-self-contained HTML file read once at start (no build step)."""
+self-contained HTML file read once at start (no build step), with the script that sends the
+API key (`api_key.js`) written in where it says `/* api_key.js */`.
+
+The pages are public (`PAGES` is on the key check's list of exceptions): they hold no data,
+and a browser opening one cannot send a key; every request they make is checked."""
 
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ PAGES = {"/": "index.html", "/dashboard": "dashboard.html"}
 
 
 def add_routes(router: Router, state: ServerState) -> None:
+    key_script = (STATIC / "api_key.js").read_text(encoding="utf-8")
     for path, name in PAGES.items():
-        router.add("GET", path, _page((STATIC / name).read_bytes()))
+        html = (STATIC / name).read_text(encoding="utf-8")
+        router.add("GET", path, _page(html.replace("/* api_key.js */", key_script).encode()))
 
 
 def _page(body: bytes) -> Handler:

@@ -1,7 +1,8 @@
 """Who may ask: API keys, and the browser guard (Host and Origin).
 
-- **API keys** (`--api-key`, TEI's and Infinity's flag): every route but `/v2/health/*` needs
-  `Authorization: Bearer KEY`, over HTTP and in gRPC metadata alike. Keys are compared in
+- **API keys** (`--api-key`, TEI's and Infinity's flag): every route but `/v2/health/*` and the
+  pages' HTML (`server.pages`) needs `Authorization: Bearer KEY`, over HTTP and in gRPC
+  metadata alike. Keys are compared in
   constant time, each of them, so the answer's timing does not tell which key came close.
 - **Host** (DNS rebinding): a page on `evil.example` whose name is made to resolve to
   127.0.0.1 reaches a loopback server as same-origin, but its requests still say
