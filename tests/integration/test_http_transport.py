@@ -136,6 +136,23 @@ async def test_expect_100_continue_then_body() -> None:
 
 
 @on_uvloop
+async def test_nothing_after_connection_close_is_read() -> None:
+    """RFC 9112 9.6: after a request saying `Connection: close` (or an HTTP/1.0 one that did
+    not ask to keep the connection), nothing more is processed. A request pipelined after it
+    was answered with a second response, a 400 "Data after `Connection: close`"."""
+    for last in (get("/last", "connection: close"), b"GET /last HTTP/1.0\r\n\r\n"):
+        async with serving(Echo()) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(get("/first") + last + get("/after"))
+            assert orjson.loads((await read_response(reader))[2])["path"] == "/first"
+            status, headers, body = await read_response(reader)
+            assert (status, orjson.loads(body)["path"]) == (200, "/last")
+            assert headers["connection"] == "close"
+            assert await reader.read() == b""  # closed, and nothing for "/after"
+            writer.close()
+
+
+@on_uvloop
 async def test_upgrade_answered_as_plain_http_then_closed() -> None:
     async with serving(Echo()) as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -177,8 +177,12 @@ class HttpConnection(asyncio.Protocol):
     # -- what the parser reads ----------------------------------------------------------------
 
     def received(self, request: Request, keep_alive: bool) -> None:
-        if self.responses.closing:
-            self.rejected = True  # draining: this was the last request to read
+        if self.responses.closing or not keep_alive:
+            # Draining, or the client said `Connection: close` (HTTP/1.0: did not ask to keep
+            # it): this was the last request to read (RFC 9112 9.6). What it pipelined after
+            # was answered, with a 400 "Data after `Connection: close`".
+            self.rejected = True
+            self.unparsed = b""
         self.responses.add(request, keep_alive)
 
     def continue_expected(self) -> None:

@@ -104,7 +104,8 @@ class RequestParser:
                 self.sink.refuse(500, "internal server error", "internal_error")
             return
         except httptools.HttpParserError as exc:
-            self.sink.refuse(400, f"malformed HTTP request: {exc}", "bad_request")
+            if not self.sink.rejected:  # else the bytes come after the last request: unread
+                self.sink.refuse(400, f"malformed HTTP request: {exc}", "bad_request")
             return
         if self.head_bytes != _NO_HEAD:
             # A head (or a chunked body's trailers) is still incomplete and the parser holds its
