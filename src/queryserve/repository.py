@@ -25,6 +25,7 @@ import gc
 import logging
 import os
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,12 @@ class ModelRepository:
     """Run at most `cores` instances of a model (a worker of `--workers N`, whose share of the
     cores may be smaller than a model's instance count: the workers together must not run
     more threads than there are cores)."""
+    builds: set[Future[AnyModel]] = field(default_factory=set, repr=False)
+    """Builds running on the builder's threads. A signal does not stop one (sessions and
+    warmup are blocking work): `serve` exits without waiting for it."""
+    _builder: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="queryserve-build"),
+        repr=False)
 
     def names(self) -> list[str]:
         """Models present in the repository folder, loaded or not."""
@@ -163,7 +170,10 @@ class ModelRepository:
         """(Re)load a model: built off the loop, swapped in on it."""
         self.folder(name)  # a bad name fails here, before a thread is used
         async with self._changing(name):
-            model = await asyncio.get_running_loop().run_in_executor(None, self.build, name)
+            build = self._builder.submit(self.build, name)
+            self.builds.add(build)
+            build.add_done_callback(self.builds.discard)
+            model = await asyncio.wrap_future(build)
             self.install(model)
         return model
 
@@ -198,6 +208,7 @@ class ModelRepository:
         `timeout_s`, whatever still waits fails."""
         for name in list(self.models):
             self._take_out(name)
+        self._builder.shutdown(wait=False)  # a build still running is not waited for
         if self.retiring:
             _, pending = await asyncio.wait(set(self.retiring), timeout=timeout_s)
             if pending:

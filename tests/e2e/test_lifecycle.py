@@ -300,6 +300,35 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         assert "ready: broken, long, wide failed to load" in log.read_text()
 
 
+def test_a_signal_during_a_slow_load_exits_within_the_drain_timeout(tmp_path: Path) -> None:
+    """A model's build (sessions, warmup) runs on a thread the interpreter joined at exit: a
+    SIGTERM 3 s into an 8 s build with `--drain-timeout 1` exited 5.3 s later, past any
+    grace period sized from the drain timeout."""
+    write_fake_model(tmp_path, "fast")
+    write_fake_model(tmp_path, "slow", delay_ms=4000)  # warmed up on 2 instances: 8 s
+    with (tmp_path / "slow" / "model.yaml").open("a") as config:
+        config.write("model_warmup: [{name: w, batch_size: 1, text: warm}]\n"
+                     "instance_group: {count: 2}\n")
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
+             "--http", f"127.0.0.1:{free_port()}", "--grpc", "off", "--drain-timeout", "1"],
+            stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "model 'fast' ready" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # into the slow model's build
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert time.monotonic() - signalled < 3, log.read_text()
+        assert "1 model build(s) left unfinished" in log.read_text()
+    finally:
+        process.kill()
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:

@@ -76,7 +76,9 @@ class ServeOptions:
     """Ready only while every model of the repository is loaded (`ServerState.ready`)."""
 
 
-async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> None:
+async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> int:
+    """Serve until a signal, then drain; the model builds still running at the end (a load
+    the signal came in the middle of), which nothing waits for."""
     repository = ModelRepository(options.repository, cap_instances=options.seat is not None)
     if options.cores is not None:
         repository.cores = options.cores
@@ -130,6 +132,9 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     if tracing is not None:
         await asyncio.to_thread(tracing.close)  # the last batch of spans goes out
     _log_stopped(time.monotonic() - began, unanswered)
+    if repository.builds:
+        log.info("%d model build(s) left unfinished", len(repository.builds))
+    return len(repository.builds)
 
 
 async def _drain(listeners: Listeners | None, repository: ModelRepository,
@@ -305,4 +310,10 @@ def _log_ready(repository: ModelRepository, strict: bool) -> None:
 
 def serve(options: ServeOptions) -> None:
     heap.cap_arenas(options.cores or len(os.sched_getaffinity(0)))  # before any thread starts
-    uvloop.run(serve_async(options))
+    if uvloop.run(serve_async(options)):
+        # A build still running (a 10 s warmup, an ONNX session being made) would keep the
+        # interpreter alive at exit, which joins its thread: a drained server outlived its
+        # --drain-timeout by the rest of the build, and a pod its grace period. Everything
+        # was answered or given up on and closed; only the logs are left to write.
+        logging.shutdown()
+        os._exit(0)
