@@ -101,8 +101,21 @@ def test_tables_in_any_format(tmp_path: Path) -> None:
     with pytest.raises(DuplicatesError, match="no title column"):
         read_products(tmp_path / "f.csv", ["title"])
     (tmp_path / "d.csv").write_text("id,title\n1,a\n1,b\n")
-    with pytest.raises(DuplicatesError, match="repeats ids"):
+    with pytest.raises(DuplicatesError, match="id '1' is on more than one row"):
         read_products(tmp_path / "d.csv")
+    # A row without an id among rows with one took its row number, which another row could
+    # hold ("repeats ids" then, of a file whose ids were unique): refused, naming the row.
+    (tmp_path / "g.jsonl").write_text('{"id": "1", "title": "a"}\n{"title": "b"}\n')
+    with pytest.raises(DuplicatesError, match=r"row numbered 1 \(from 0\) has no id"):
+        read_products(tmp_path / "g.jsonl")
+    # A row with no text was embedded as the empty text (two of them: "duplicates"): left out.
+    (tmp_path / "h.csv").write_text("id,title,brand\n1,ipod,apple\n2,,\n3, ,\n4,,sony\n")
+    products = read_products(tmp_path / "h.csv")
+    assert (products.ids, products.texts, products.without_text) == (
+        ["1", "4"], ["ipod apple", "sony"], ["2", "3"])
+    (tmp_path / "i.csv").write_text("id,title\n1,\n")
+    with pytest.raises(DuplicatesError, match="no product with a title or any text"):
+        read_products(tmp_path / "i.csv")
     (tmp_path / "e.jsonl").write_text("[1]\n")
     with pytest.raises(DuplicatesError, match=r"e\.jsonl:1: expected a JSON object"):
         read_products(tmp_path / "e.jsonl")

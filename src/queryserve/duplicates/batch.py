@@ -201,6 +201,10 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         raise DuplicatesError(f"{output} already exists; remove it or choose another output")
     # Bad tables are refused before any work, and before the models: what the user typed first.
     tables = [read_products(p, options.ignore_columns) for p in inputs]
+    for products in tables:
+        if left_out := products.without_text:
+            log(f"{products.path}: {len(left_out):,} row(s) with no title or other text left "
+                f"out (ids {', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''})")
     cross, model_threshold = scoring_model(options.model)
     if not cross:  # a bi-encoder blocks for itself and scores every neighbour pair (cheaply)
         options = replace(options, blocking=options.model, prefilter=0.0)
@@ -246,7 +250,9 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         scored = _score(job, todo, parts, options, display)
         timings["score_s"] = time.perf_counter() - t
     summary: dict[str, Any] = {
-        "products": [len(p.ids) for p in tables], "neighbour_pairs": blocked,
+        "products": [len(p.ids) for p in tables],
+        "left_out_without_text": [len(p.without_text) for p in tables],
+        "neighbour_pairs": blocked,
         "candidate_pairs": count, "parts": parts,
         "parts_scored_now": len(todo), "resumed": resumed,
         "pairs_per_second": round(scored / timings["score_s"], 1) if scored else None}

@@ -1,7 +1,9 @@
 """Product tables in and pair tables out, for the batch job: CSV (any of , | # ; or tab as the
 separator, found from the header), Parquet or JSONL in; Parquet or CSV out, written atomically.
 
-A product's id is its `id` column, or its row number (from 0) when the table has none.
+A product's id is its `id` column, or its row number (from 0) when the table has none. A row
+with no text (an empty title, and nothing else to read) is left out: it would be embedded as
+the empty text, and two of them scored as duplicates of each other.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Products:
     path: Path
     ids: list[str]
     texts: list[str]
+    without_text: list[str]
+    """The ids of the rows left out: they hold no text."""
 
 
 def _rows(path: Path) -> list[dict[str, object]]:
@@ -98,15 +102,37 @@ def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
         listed = ", ".join(sorted(columns)[:12]) + (", ..." if len(columns) > 12 else "")
         raise DuplicatesError(f"{path} has no title column: expected one of "
                               f"{', '.join(TITLE_COLUMNS)}; it has {listed}")
-    ids = [_id(row, n) for n, row in enumerate(rows)]
-    if len(set(ids)) != len(ids):
-        raise DuplicatesError(f"{path}: the id column repeats ids; ids must be unique")
-    return Products(path, ids, [product_text(row) for row in rows])
+    ids = _ids(path, rows)
+    texts = [product_text(row) for row in rows]
+    kept = [n for n, text in enumerate(texts) if text.strip()]
+    if not kept:
+        raise DuplicatesError(f"{path} holds no product with a title or any text")
+    return Products(path, [ids[n] for n in kept], [texts[n] for n in kept],
+                    [ids[n] for n, text in enumerate(texts) if not text.strip()])
 
 
-def _id(row: Mapping[str, object], number: int) -> str:
+def _ids(path: Path, rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """Each row's id; row numbers (from 0) when no row has one. A table whose ids are partly
+    missing is refused: numbered, a row could take another's id."""
+    given = [_id(row) for row in rows]
+    if not any(given):
+        return [str(n) for n in range(len(rows))]
+    if "" in given:
+        raise DuplicatesError(f"{path}: the row numbered {given.index('')} (from 0) has no id, "
+                              "while others have one; give every row an id, or none (rows are "
+                              "then numbered from 0)")
+    seen: set[str] = set()
+    for value in given:
+        if value in seen:
+            raise DuplicatesError(f"{path}: id {value[:100]!r} is on more than one row; ids "
+                                  "must be unique")
+        seen.add(value)
+    return given
+
+
+def _id(row: Mapping[str, object]) -> str:
     value = row.get("id", row.get("ID"))
-    return str(number) if value is None or str(value).strip() == "" else str(value).strip()
+    return "" if value is None else str(value).strip()
 
 
 def write_pairs(path: Path, columns: Mapping[str, Sequence[object]]) -> None:
