@@ -364,11 +364,16 @@ async def test_max_connections_refuses_new_ones_and_serves_the_rest() -> None:
         for reader, writer in (first, second):
             writer.write(get("/"))
             assert (await read_response(reader))[0] == 200
+        for _, writer in (first, second):
+            writer.write(get("/?sleep=0.5"))  # busy: neither may be closed to make room
+        await asyncio.sleep(0.1)
         over, _over_writer = await asyncio.open_connection("127.0.0.1", port)
         status, headers, _ = await read_response(over)
         assert (status, headers["connection"], headers["retry-after"]) == (503, "close", "1")
         assert await closed(over, 1.0)
         assert (server.refused, server.connections) == (1, 2)
+        for reader, _ in (first, second):
+            assert (await read_response(reader))[0] == 200
         first[1].write(get("/still"))  # a connection under the cap is still served
         assert (await read_response(first[0]))[0] == 200
         second[1].close()
@@ -399,6 +404,31 @@ async def test_at_the_cap_the_longest_silent_connection_makes_room() -> None:
         assert (server.evicted, server.refused, server.connections) == (1, 0, 3)
         talking[1].write(get("/again"))  # a connection that talks is never evicted
         assert (await read_response(talking[0]))[0] == 200
+
+
+@on_uvloop
+async def test_at_the_cap_the_longest_idle_keep_alive_connection_makes_room() -> None:
+    """Regression: clients that each sent one request and then idled held every slot, and a
+    new client (a health probe) got 503 for the whole idle timeout; only silent connections
+    could be closed to make room. A busy one never is."""
+    async with serving(Echo(), max_connections=3) as (server, port):
+        idle_old = await asyncio.open_connection("127.0.0.1", port)
+        idle_new = await asyncio.open_connection("127.0.0.1", port)
+        busy = await asyncio.open_connection("127.0.0.1", port)
+        for reader, writer in (idle_old, idle_new):
+            writer.write(get("/"))
+            assert (await read_response(reader))[0] == 200
+            await asyncio.sleep(0.05)
+        busy[1].write(get("/?sleep=0.5"))
+        await asyncio.sleep(0.05)
+        client = await asyncio.open_connection("127.0.0.1", port)  # over the cap
+        client[1].write(get("/"))
+        assert (await read_response(client[0]))[0] == 200
+        assert await closed(idle_old[0], 1.0)  # closed, not answered 503
+        assert (server.evicted, server.refused, server.connections) == (1, 0, 3)
+        assert (await read_response(busy[0]))[0] == 200
+        idle_new[1].write(get("/again"))
+        assert (await read_response(idle_new[0]))[0] == 200
 
 
 @on_uvloop

@@ -43,7 +43,7 @@ RejectionReason = Literal[
     "internal_error",  # 500: a bug of ours while parsing (logged)
     "max_connections",  # 503 on connect: at `max_connections`, with no silent one to evict
     "draining",  # 503 on connect: the server is shutting down
-    "evicted",  # closed: connected and silent at the cap, to make room for a newcomer
+    "evicted",  # closed at the cap to make room for a newcomer: silent, or idle between requests
 ]
 """Why the transport refused a request or a connection before any handler saw it."""
 REJECTION_REASONS: tuple[RejectionReason, ...] = get_args(RejectionReason)

@@ -105,7 +105,8 @@ class ServerCollector:
             value=transport.refused)
         yield CounterMetricFamily(
             "queryserve_http_connections_evicted_total",
-            "Silent connections (never sent a byte) closed at the cap to admit a new one.",
+            "Connections closed at the cap to admit a new one: silent (never sent a byte), "
+            "or idle between requests.",
             value=transport.evicted)
         yield CounterMetricFamily(
             "queryserve_http_connections_rebalanced_total",
