@@ -398,6 +398,24 @@ def test_api_key_guards_every_rpc_but_health(guarded: Served) -> None:
     assert answer.as_numpy("embedding").shape == (1, 16)
 
 
+def test_a_message_that_does_not_parse_is_invalid_and_logs_nothing(guarded: Served) -> None:
+    """Regression: grpc.aio answered UNKNOWN naming protobuf's DecodeError, and logged a
+    7-line traceback per call, for clients with no key too (71 KB of log for 100 calls)."""
+    channel = grpc.insecure_channel(guarded.grpc_address)
+    logged = guarded.http.log.stat().st_size
+    for method in ("ModelInfer", "ServerLive", "RepositoryIndex"):
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        code, details = code_of(call, b"\xff\xff\xff", timeout=10,
+                                metadata=[("authorization", f"Bearer {KEY}")])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, code, details)
+        assert details.startswith("the request message does not parse")
+    # Without the key, the key is what is refused.
+    call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    assert code_of(call, b"\xff\xff\xff", timeout=10)[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert guarded.http.log.stat().st_size == logged
+    channel.close()
+
+
 def test_sigterm_lets_an_rpc_in_flight_finish(guarded: Served) -> None:
     client = guarded.client()
     headers = {"authorization": f"Bearer {KEY}"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import grpc
 
@@ -16,7 +17,7 @@ from queryserve.errors import ServeError
 from queryserve.server.grpc.proto.grpc_service_pb2_grpc import (
     add_GRPCInferenceServiceServicer_to_server,
 )
-from queryserve.server.grpc.service import InferenceService
+from queryserve.server.grpc.service import InferenceService, lenient
 from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,25 @@ class GrpcServer:
         """Stop accepting RPCs at once; those in flight get `timeout_s` to finish, then are
         cancelled."""
         await self._server.stop(grace=timeout_s)
+
+
+class _Lenient:
+    """The server, as the generated code registers the service's handlers on it: each unary
+    RPC's message is read by `lenient`, so one that does not parse reaches the RPC."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers come next, by name, to `add_registered_method_handlers`
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        handlers = {name: handler if handler.request_streaming else handler._replace(
+            request_deserializer=lenient(handler.request_deserializer))
+            for name, handler in handlers.items()}
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, handlers),))
+        self._server.add_registered_method_handlers(service, handlers)
 
 
 async def start_grpc_server(state: ServerState, host: str, port: int,
@@ -64,7 +84,7 @@ async def start_grpc_server(state: ServerState, host: str, port: int,
         ("grpc.so_reuseport", int(reuse_port)),
     ])
     add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]  # generated
-        InferenceService(state), server)
+        InferenceService(state), _Lenient(server))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

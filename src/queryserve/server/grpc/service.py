@@ -9,6 +9,10 @@ What every RPC goes through, in one place (`_answering`):
   errors.py) with its message, and its headers (Retry-After...) as trailing metadata;
   anything else is logged with its traceback and answered INTERNAL "internal server error",
   which leaks nothing.
+- **Messages that do not parse**: read by `lenient` into a `Malformed`, answered
+  INVALID_ARGUMENT after the key check. grpc.aio answered them UNKNOWN, naming protobuf's
+  exception class, and logged a 7-line traceback each: 71 KB of log for 100 calls in 0.06 s,
+  from a client with no key.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from queryserve.errors import QueryServeError
+from queryserve.errors import InvalidInput, QueryServeError
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.kserve_service import KServeService
@@ -34,6 +40,24 @@ Resp = TypeVar("Resp")
 Handler = Callable[["InferenceService", Req], Awaitable[Resp]]
 Rpc = Callable[["InferenceService", Req, Any], Awaitable[Resp]]
 """A handler as grpc.aio calls it: (service, request, `grpc.aio.ServicerContext`)."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request message that did not parse, handed to its RPC in place of the message."""
+
+    error: str
+
+
+def lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A request deserializer that returns a `Malformed` where `parse` raises."""
+    def read(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Malformed(str(exc))
+
+    return read
 
 
 async def abort(context: Any, code: grpc.StatusCode, message: str,
@@ -52,6 +76,8 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
         try:
             if keyed:
                 service.state.auth.check_key(metadata.get("authorization"), grpc=True)
+            if isinstance(request, Malformed):
+                raise InvalidInput(f"the request message does not parse: {request.error}")
             if echoed:
                 context.set_trailing_metadata(echoed)
             return await handler(service, request)
