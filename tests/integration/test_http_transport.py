@@ -154,6 +154,67 @@ async def test_nothing_after_connection_close_is_read() -> None:
 
 
 @on_uvloop
+async def test_fields_versions_and_codings_are_read_as_rfc_9112_says() -> None:
+    """The wire walk's findings: each case was answered otherwise before (in brackets)."""
+    async with serving(Echo()) as (_, port):
+        async def answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(raw)
+            try:
+                return await read_response(reader)
+            finally:
+                writer.close()
+
+        # Whitespace around a value is not the value (400, and a 403 for such a Host).
+        status, _, body = await answer(b"POST / HTTP/1.1\r\nhost: t \r\ncontent-length: 5 "
+                                       b"\r\n\r\nhello")
+        assert (status, orjson.loads(body)["body"]) == (200, "hello")
+        assert orjson.loads(body)["headers"]["host"] == "t"
+        # Host and Authorization once; Host on every HTTP/1.1 request (the last one won;
+        # none was answered).
+        for raw in (get("/", "host: u"), get("/", "authorization: a", "authorization: b"),
+                    b"GET / HTTP/1.1\r\n\r\n"):
+            assert (await answer(raw))[0] == 400, raw
+        assert (await answer(b"GET / HTTP/1.0\r\n\r\n"))[0] == 200
+        # HTTP/2.0 on an HTTP/1.1 line, a transfer coding not served, an unknown expectation
+        # (200, a gzip body read as its bytes, a body waited for).
+        assert (await answer(b"GET / HTTP/2.0\r\nhost: t\r\n\r\n"))[0] == 505
+        assert (await answer(b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: gzip, "
+                             b"chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"))[0] == 501
+        assert (await answer(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n"
+                             b"expect: something\r\n\r\n"))[0] == 417
+        # An HTTP/1.0 request may not be sent 100 Continue (it was).
+        status, _, _ = await answer(b"POST / HTTP/1.0\r\ncontent-length: 2\r\n"
+                                    b"expect: 100-continue\r\n\r\nhi")
+        assert status == 200
+        # An encoded slash stays encoded (decoded, it reached other routes); the authority of
+        # an absolute-form target is the host (Host's was checked).
+        _, _, body = await answer(get("/a%2Fb%20c"))
+        assert orjson.loads(body)["path"] == "/a%2Fb c"
+        _, _, body = await answer(get("http://other.example:8080/x"))
+        assert orjson.loads(body)["headers"]["host"] == "other.example:8080"
+
+        # HTTP/1.0 kept alive because it asked is told so (ab -k waited for a close).
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(b"GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+            status, headers, _ = await read_response(reader)
+            assert (status, headers["connection"]) == (200, "keep-alive")
+        writer.close()
+        # 100 Continue behind a pipelined request is sent once that is answered (never).
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/?sleep=0.2") + b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 5"
+                     b"\r\nexpect: 100-continue\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.5) == \
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        status, _, body = await read_response(reader)
+        assert (status, orjson.loads(body)["body"]) == (200, "hello")
+        writer.close()
+
+
+@on_uvloop
 async def test_upgrade_answered_as_plain_http_then_closed() -> None:
     async with serving(Echo()) as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

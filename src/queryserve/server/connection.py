@@ -183,6 +183,8 @@ class HttpConnection(asyncio.Protocol):
             # was answered, with a 400 "Data after `Connection: close`".
             self.rejected = True
             self.unparsed = b""
+        elif self.parser.http10:  # kept alive because it asked: the answer says so
+            self.responses.announce_keep_alive = True
         self.responses.add(request, keep_alive)
 
     def continue_expected(self) -> None:

@@ -23,6 +23,7 @@ Content-Type it let through (RFC 9110 6.5.1: merged only where a field's definit
 from __future__ import annotations
 
 import logging
+import re
 from typing import NoReturn, Protocol
 from urllib.parse import unquote
 
@@ -36,6 +37,20 @@ log = logging.getLogger(__name__)
 # `head_bytes` when no request head is incomplete, and when one began in the slice being fed.
 _NO_HEAD = -2
 _HEAD_BEGAN = -1
+
+
+ONCE = frozenset(("host", "authorization"))
+"""Fields a request may carry once (RFC 9112 3.2 for Host): with two, a proxy that read the
+first and this server, which kept the last, disagreed on the host or the key."""
+
+
+def _decoded(path: str) -> str:
+    """A percent-encoded path decoded, but for its encoded slashes: decoded, `/v2%2Frepository/
+    models/x/unload` reached the repository routes past a proxy that matched the raw path
+    (Envoy keeps `%2F` as it is by default). No route has a `%2F` in it: such a path is a 404."""
+    if "%2f" not in path.lower():
+        return unquote(path)
+    return "%2F".join(unquote(part) for part in re.split("%2[fF]", path))
 
 
 class _Stop(Exception):
@@ -92,6 +107,7 @@ class RequestParser:
         self.body_bytes = 0
         self.chunked_fed = -1  # bytes fed since a chunked body's head began; -1: none
         self.chunks = 0
+        self.http10 = False  # the request is HTTP/1.0 (its keep-alive must be said)
 
     def feed(self, data: bytes | memoryview) -> None:
         """Parse `data`; a request read whole goes to the sink, a bad one is refused."""
@@ -173,7 +189,12 @@ class RequestParser:
         if self.header_bytes > self.max_header_bytes:
             self._refuse(431, f"request headers are over the limit of "
                               f"{self.max_header_bytes} bytes", "headers_too_large")
-        self.fields[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = name.decode("latin-1").lower()
+        if key in ONCE and key in self.fields:
+            self._refuse(400, f"the request has more than one {key} field", "bad_request")
+        # Whitespace around a value is not part of it (RFC 9112 5.1): kept, `Host: x ` was a
+        # 403 and `Content-Length: 73 ` a 400.
+        self.fields[key] = value.decode("latin-1").strip(" \t")
 
     def on_headers_complete(self) -> None:
         self.head_bytes = _NO_HEAD
@@ -189,13 +210,31 @@ class RequestParser:
             if int(length) > self.max_body_bytes:
                 self._refuse(413, f"request body of {length} bytes is over the limit of "
                                   f"{self.max_body_bytes} bytes", "body_too_large")
-        if self.parser.should_upgrade() and "transfer-encoding" in self.headers:
-            self._refuse(400, "a chunked body with Upgrade is not read: this server speaks "
-                              "HTTP/1.1; send it without Upgrade", "upgrade")
-        if self.headers.get("expect", "").lower() == "100-continue":
-            self.sink.continue_expected()
-        if "transfer-encoding" in self.headers:
+        version = self.parser.get_http_version()
+        self.http10 = version == "1.0"
+        if version != "1.1" and not self.http10:
+            self._refuse(505, f"HTTP/{version} is not served here: send HTTP/1.1",
+                         "bad_request")
+        if "host" not in self.headers and not self.http10:
+            self._refuse(400, "an HTTP/1.1 request needs a Host field", "bad_request")
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None:
+            # llhttp reads the chunks of `gzip, chunked` and leaves the gzip to us: its bytes
+            # were read as the body.
+            if coding.lower() != "chunked":
+                self._refuse(501, f"transfer coding {coding[:100]!r} is not supported: send "
+                                  "the body as it is, or chunked", "bad_request")
+            if self.parser.should_upgrade():
+                self._refuse(400, "a chunked body with Upgrade is not read: this server "
+                                  "speaks HTTP/1.1; send it without Upgrade", "upgrade")
             self.chunked_fed = 0
+        expect = self.headers.get("expect")
+        if expect is not None:
+            if expect.lower() != "100-continue":
+                self._refuse(417, f"the expectation {expect[:100]!r} cannot be met: this "
+                                  "server knows 100-continue", "bad_request")
+            if not self.http10:  # an HTTP/1.0 client may take a 100 for the answer
+                self.sink.continue_expected()
 
     def on_chunk_header(self) -> None:
         # The last chunk's header is followed by trailers, which httptools buffers as it does
@@ -232,11 +271,15 @@ class RequestParser:
             parsed = httptools.parse_url(self.url)
         except httptools.HttpParserInvalidURLError:
             self._refuse(400, f"request target {self.url[:200]!r} is not a path", "bad_request")
-        # An absolute-form target with no path ("http://host") means "/" (RFC 9112 3.2.2).
+        # An absolute-form target with no path ("http://host") means "/"; its authority is
+        # the request's host, whatever Host says (RFC 9112 3.2.2): the Host check reads it.
         path = parsed.path.decode("utf-8", "replace") if parsed.path else "/"
+        if parsed.host:
+            host = parsed.host.decode("latin-1")
+            self.headers["host"] = f"{host}:{parsed.port}" if parsed.port else host
         request = Request(
             method=self.parser.get_method().decode("ascii"),
-            path=unquote(path) if "%" in path else path,
+            path=_decoded(path) if "%" in path else path,
             query=(parsed.query or b"").decode("utf-8", "replace"),
             headers=self.headers,
             body=self.body if isinstance(self.body, bytes) else bytes(self.body),

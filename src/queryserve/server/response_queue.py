@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 MAX_PIPELINED = 32  # requests parsed ahead of the one being answered before reading pauses
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Answerer(Protocol):
@@ -74,6 +75,8 @@ class ResponseQueue:
         self.fatal: Response | None = None  # an error to send once the current answer is out
         self.closing = False  # close once the requests read so far are answered
         self.opened_at = self.loop.time()  # made with its connection, when it was accepted
+        self.announce_keep_alive = False  # an HTTP/1.0 client's: it waits for a close unless told
+        self.continue_owed = False  # a `100 Continue` asked for behind answers still to write
 
     @property
     def busy(self) -> bool:
@@ -95,6 +98,7 @@ class ResponseQueue:
         return self.current is None and (self.write_paused or bool(self.pending))
 
     def add(self, request: Request, keep_alive: bool) -> None:
+        self.continue_owed = False  # its body came anyway: the request is whole
         self.pending.append((request, keep_alive))
         if len(self.pending) > MAX_PIPELINED:
             self.connection.pause_reading()
@@ -118,11 +122,15 @@ class ResponseQueue:
             self.connection.close()
 
     def send_continue(self) -> None:
-        """`100 Continue`, only when nothing is answered before it: an interim answer must come
-        in order."""
+        """`100 Continue`, once nothing is answered before it: an interim answer must come in
+        order. Behind a pipelined request it was never sent, and a client without curl's
+        1 s fallback waited for the read timeout (408)."""
         transport = self.connection.transport
-        if transport and not self.busy:
-            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not self.busy:
+            if transport:
+                transport.write(_CONTINUE)
+        else:
+            self.continue_owed = True
 
     def cancel(self) -> None:
         """The client has gone: cancelling its request cancels the futures it waits on, and the
@@ -165,6 +173,9 @@ class ResponseQueue:
         if not keep_alive:
             connection.close()
             return
+        if self.continue_owed and not self.pending:
+            self.continue_owed = False
+            connection.transport.write(_CONTINUE)
         if self.write_paused:
             return  # resume_writing goes on once the client has taken its answers
         if self.pending:
@@ -183,5 +194,7 @@ class ResponseQueue:
             lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
         if not keep_alive:
             lines.append(b"connection: close\r\n")
+        elif self.announce_keep_alive:
+            lines.append(b"connection: keep-alive\r\n")
         lines.append(b"\r\n")
         transport.writelines([b"".join(lines), b"" if head else response.body])
