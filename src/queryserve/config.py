@@ -87,7 +87,10 @@ class InstanceGroup:
 class ResponseCache:
     enable: bool = False
     max_entries: int = 65536
-    """LRU capacity in items (one text -> one cached output row)."""
+    """LRU capacity in items (one text, or pair of texts -> one cached output row)."""
+    max_bytes: int = 64 * 1024 * 1024
+    """LRU capacity in bytes, keys' text and rows counted (as Triton sizes its cache): a
+    count alone let 65,536 keys of megabytes each be kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,11 +353,13 @@ class _Reader:
                                                 1, 64))
 
     def cache(self, raw: object) -> ResponseCache:
-        fields = self.mapping(raw, "response_cache", ("enable", "max_entries"))
+        fields = self.mapping(raw, "response_cache", ("enable", "max_entries", "max_bytes"))
         return ResponseCache(
             enable=self.flag(fields.get("enable", False), "response_cache.enable"),
             max_entries=self.integer(fields.get("max_entries", ResponseCache().max_entries),
                                      "response_cache.max_entries", 1),
+            max_bytes=self.integer(fields.get("max_bytes", ResponseCache().max_bytes),
+                                   "response_cache.max_bytes", 1),
         )
 
     def warmup(self, raw: object, where: str, max_batch_size: int) -> WarmupSample:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Hashable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -83,8 +83,9 @@ class TextPipeline(ABC, Generic[P, R, Res]):
             config.name, config.dynamic_batching, config.max_batch_size, backends, self, stats)
         self.max_chars = config.parameter("max_sequence_length", 256) * CHARS_PER_TOKEN
         cache = config.response_cache
-        self.cache: LruCache[str, tuple[R, int]] | None = (
-            LruCache(cache.max_entries) if cache.enable else None)
+        self.cache: LruCache[Hashable, tuple[R, int]] | None = (
+            LruCache(cache.max_entries, cache.max_bytes, _entry_bytes) if cache.enable
+            else None)
 
     # -- what each pipeline defines -----------------------------------------------------------
 
@@ -196,16 +197,19 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         rows: list[R | None] = [None] * len(texts)
         tokens = 0
         misses = list(range(len(texts)))
-        # Pair keys only for the cache: the first text's length in front, so no two pairs
-        # share one (texts may hold any character; with a separator, ("a|b", "c") and
-        # ("a", "b|c") did).
-        keys = (texts if pairs is None or self.cache is None
-                else [f"{len(a)}:{a}{b}" for a, b in zip(texts, pairs, strict=True)])
+        cut = self.max_chars  # a text no longer than this is its own slice: no copy
+        texts = [text[:cut] for text in texts]
+        pairs = None if pairs is None else [text[:cut] for text in pairs]
+        # Cache keys are what the model reads, a pair's a tuple: keyed by the whole text, 40
+        # texts of 2 MB held 150 MB; keyed "3:abcdef", a text had the pair ("abc", "def")'s
+        # answer.
+        keys: Sequence[Hashable] = (
+            texts if pairs is None else list(zip(texts, pairs, strict=True)))
         if self.cache is not None:
             misses, tokens = self._from_cache(keys, rows)
         if misses:
-            fresh = [texts[i][:self.max_chars] for i in misses]
-            fresh_pairs = None if pairs is None else [pairs[i][:self.max_chars] for i in misses]
+            fresh = [texts[i] for i in misses]
+            fresh_pairs = None if pairs is None else [pairs[i] for i in misses]
             chars = sum(map(len, fresh)) + sum(map(len, fresh_pairs or ()))
             if len(misses) <= ENCODE_ON_LOOP_MAX and chars <= ENCODE_ON_LOOP_MAX_CHARS:
                 payloads, elapsed_ns = self._encode_timed(fresh, fresh_pairs)
@@ -278,7 +282,8 @@ class TextPipeline(ABC, Generic[P, R, Res]):
                 start = end
         return rows
 
-    def _from_cache(self, keys: Sequence[str], rows: list[R | None]) -> tuple[list[int], int]:
+    def _from_cache(self, keys: Sequence[Hashable],
+                    rows: list[R | None]) -> tuple[list[int], int]:
         assert self.cache is not None
         started = time.perf_counter()
         misses = []
@@ -297,6 +302,12 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         if misses:
             self.stats.cache_miss.add(elapsed * len(misses) / len(keys), len(misses))
         return misses, tokens
+
+
+def _entry_bytes(key: Hashable, value: tuple[Any, int]) -> int:
+    """About what a cache entry holds: its text (a character a byte) and its row."""
+    parts: tuple[str, ...] = (key,) if isinstance(key, str) else key  # type: ignore[assignment]
+    return 100 + sum(len(part) for part in parts) + getattr(value[0], "nbytes", 100)
 
 
 def _owned(row: Any) -> Any:

@@ -1,0 +1,61 @@
+"""The response cache: keyed by what the model reads, a pair apart from a text, bounded in
+bytes (the model walk's findings, each answered otherwise before)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from queryserve.api import Classifications, Inputs
+from queryserve.local import open_model
+from queryserve.scheduling.cache import LruCache
+from tests.conftest import minilm_dir
+
+CLASSIFIER = """
+backend: fake
+pipeline: text_classification
+max_batch_size: 8
+input: [{name: text, datatype: BYTES, dims: [1]}, {name: text_pair, datatype: BYTES, dims: [1]}]
+output: [{name: probabilities, datatype: FP32, dims: [4]}]
+response_cache: {enable: true, max_bytes: 20000}
+parameters: {tokenizer_file: tokenizer.json, labels: 'a,b,c,d', max_sequence_length: 16}
+"""
+
+
+def test_the_cache_bounds_entries_and_bytes() -> None:
+    cache: LruCache[str, bytes] = LruCache(3, 10, lambda key, value: len(value))
+    for key in "abc":
+        cache.put(key, b"xx")
+    cache.put("d", b"xx")  # the fourth entry: the oldest goes
+    assert (cache.get("a"), len(cache), cache.bytes) == (None, 3, 6)
+    cache.put("e", b"x" * 7)  # 13 bytes: the two oldest go
+    assert (cache.get("b"), cache.get("c"), cache.get("d")) == (None, None, b"xx")
+    assert cache.bytes == 9
+    cache.put("d", b"x")  # replaced: its size counted once
+    assert cache.bytes == 8
+    cache.put("big", b"x" * 11)  # over the whole cache: not kept, nothing evicted for it
+    assert (cache.get("big"), len(cache)) == (None, 2)
+
+
+def test_a_text_and_a_pair_never_share_an_entry_and_keys_are_what_the_model_reads(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "cls"
+    folder.mkdir()
+    shutil.copy(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "model.yaml").write_text(CLASSIFIER)
+    with open_model(folder, Classifications) as local:
+        pipeline = local.model.pipeline
+        # Keyed "3:abcdef", the text had the pair ("abc", "def")'s answer, and the other way.
+        text = local.infer(Inputs(["3:abcdef"])).probabilities
+        pair = local.infer(Inputs(["abc"], ["def"])).probabilities
+        assert not np.allclose(text, pair)
+        assert pipeline.stats.cache_hit.count == 0
+        # The model reads 16 x 16 characters: a text of megabytes is kept as those (40 texts of
+        # 2 MB held 150 MB), and another text of the same beginning is the same entry.
+        start = "jazz " * 60
+        local.infer(Inputs([start + "x" * 2_000_000]))
+        local.infer(Inputs([start + "y" * 2_000_000]))
+        assert pipeline.stats.cache_hit.count == 1
+        assert pipeline.cache.bytes < 20_000
