@@ -159,6 +159,18 @@ def test_full_queue_rejects_a_whole_request() -> None:
     assert len(b) == 3
 
 
+def test_items_whose_clients_left_take_no_place_in_the_queue() -> None:
+    """Regression: two abandoned items filled a queue of 2 until an instance freed up, and a
+    live request meanwhile got 503 "its queue holds 2 of at most 2"."""
+    b = batcher(max_queue_size=2)
+    gone = [item("gone-1"), item("gone-2")]
+    b.add(gone)
+    for abandoned in gone:
+        abandoned.ticket.cancel()
+    b.add([item("live")])
+    assert names(b.cut(0.0).batch) == ["live"]
+
+
 def test_empty_queue_admits_a_request_larger_than_the_limit() -> None:
     b = batcher(max_queue_size=2)
     b.add([item(str(i)) for i in range(5)])

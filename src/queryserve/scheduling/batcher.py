@@ -84,6 +84,10 @@ class DynamicBatcher(Generic[P]):
         """
         limit = self.config.max_queue_size
         if limit and not admitted and self._queue and len(self._queue) + len(items) > limit:
+            # Items whose clients left are dropped only when an instance frees up: counted,
+            # they turned live requests away while nobody waited (a retry storm's shape).
+            self._queue = deque(item for item in self._queue if not item.ticket.done())
+        if limit and not admitted and self._queue and len(self._queue) + len(items) > limit:
             raise Overloaded(f"model '{self.model}' is overloaded: its queue holds "
                              f"{len(self._queue)} of at most {limit} items; retry later")
         self._queue.extend(items)
