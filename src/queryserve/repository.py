@@ -252,7 +252,8 @@ class ModelRepository:
             if name in self.errors:
                 entry["reason"] = self.errors[name]
             elif model is not None and not model.ready():
-                entry["reason"] = "a model it runs is not loaded"
+                misfit = getattr(model.pipeline, "misfit", None)  # the search ensemble's
+                entry["reason"] = (misfit and misfit()) or "a model it runs is not loaded"
             entries.append(entry)
         return entries
 

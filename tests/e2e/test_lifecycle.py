@@ -247,6 +247,37 @@ def test_a_malformed_ensemble_leaves_the_other_models_serving(tmp_path: Path) ->
         assert search.status_code == 503 and "field 'k'" in search.json()["error"]
 
 
+def test_an_ensemble_whose_steps_do_not_fit_says_so_at_load(tmp_path: Path) -> None:
+    """Regression: a search whose spell step was an embedding model loaded READY and answered
+    every search 400 (counted "invalid", as if the client's mistake); one whose embedding was
+    narrower than its index answered 500, counted a success."""
+    write_fake_model(tmp_path, "fast")  # an embedding model of 16 dimensions
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "index").symlink_to(REPOSITORY / "search" / "index")
+    steps = tmp_path / "search" / "pipeline.yaml"
+    steps.write_text("spell: fast\nembed: fast\nindex: index\n")
+    server = start_server(tmp_path, tmp_path / "server.log", "--no-strict-readiness")
+    try:
+        def reason() -> str:
+            index = httpx.post(f"{server.url}/v2/repository/index").json()
+            return next(m for m in index if m["name"] == "search")["reason"]
+
+        assert "model 'fast' is a text_embedding model" in reason()
+        search = httpx.post(f"{server.url}/v1/search", json={"query": "jazz"})
+        assert search.status_code == 503 and "text_embedding" in search.json()["error"]
+        steps.write_text("embed: fast\nindex: index\n")
+        assert httpx.post(f"{server.url}/v2/repository/models/search/load").status_code == 200
+        assert "vectors of 16 dimensions, and the index 384" in reason()
+        search = httpx.post(f"{server.url}/v1/search", json={"query": "jazz"})
+        assert search.status_code == 503 and "rebuild the index" in search.json()["error"]
+        metrics = httpx.get(f"{server.url}/metrics").text
+        # (the reload began its counts anew)
+        assert 'queryserve_requests_total{model="search",outcome="unavailable"} 1.0' in metrics
+        assert 'model="search",outcome="success"' not in metrics
+    finally:
+        stop_server(server)
+
+
 def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         tmp_path: Path) -> None:
     """A model.onnx of garbage (or a cut one, a tokenizer that is not one) failed inside

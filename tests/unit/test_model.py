@@ -13,7 +13,7 @@ from queryserve.api import Classifications, Corrections, Embeddings
 from queryserve.config import ModelConfig, PipelineKind, TensorSpec
 from queryserve.errors import InvalidInput
 from queryserve.model import ANSWERS, Model, pipelines_answering
-from queryserve.scheduling.stats import ModelStats
+from queryserve.scheduling.stats import ModelStats, request_recorded
 
 SPELL = ModelConfig(
     name="spell", path=Path("."), backend="fake", pipeline="spelling", max_batch_size=8,
@@ -61,3 +61,16 @@ async def test_the_model_answers_for_its_pipeline() -> None:
     await model.close()
     model.abort()
     assert pipeline.calls == ["close", "abort"]
+
+
+def test_a_request_that_fails_with_a_bug_is_counted_failed() -> None:
+    """Regression: an exception that is no QueryServeError (a 500) was counted a success,
+    its time in the success latencies."""
+    stats = ModelStats()
+    with pytest.raises(RuntimeError), request_recorded(stats):
+        raise RuntimeError("a bug")
+    with pytest.raises(InvalidInput), request_recorded(stats):
+        raise InvalidInput("bad")
+    with request_recorded(stats):
+        pass
+    assert stats.outcomes == {"failed": 1, "invalid": 1, "success": 1}

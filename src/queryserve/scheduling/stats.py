@@ -210,5 +210,8 @@ def request_recorded(stats: ModelStats) -> Iterator[None]:
     except asyncio.CancelledError:
         outcome = "cancelled"  # the client went away
         raise
+    except Exception:
+        outcome = "failed"  # a 500: counted as a success, it vanished from error rates
+        raise
     finally:
         stats.record_request(outcome, time.perf_counter() - started)

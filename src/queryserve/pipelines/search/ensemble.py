@@ -61,14 +61,40 @@ class SearchPipeline:
             self.indexes[catalog] = load_index(self.steps.index, catalog)
 
     def ready(self) -> bool:
-        """Every step is loaded and ready."""
+        """Every step is loaded and ready, and each fits its place (`misfit`)."""
         for name in self.steps.models():
             try:
                 if not self.lookup(name).ready():
                     return False
             except QueryServeError:
                 return False
-        return True
+        return self.misfit() is None
+
+    def misfit(self) -> str | None:
+        """What in the loaded steps cannot work: a model of another kind than its step's (a
+        spell step given an embedding model answered every search 400, as if the client's
+        mistake), or vectors of another width than the index's (a 500 from the index on
+        every search). Checked on each search too: a step may be reloaded as another model."""
+        steps = ((self.steps.spell, Corrections), (self.steps.embed, Embeddings),
+                 (self.steps.intent, Classifications))
+        for name, kind in steps:
+            if not name:
+                continue
+            try:
+                model = self.lookup(name)
+            except QueryServeError:
+                continue  # not loaded: `ready` says so, and a search skips it or is a 503
+            try:
+                model.answering(kind, "the search ensemble")
+            except InvalidInput as exc:
+                return exc.message
+            if kind is Embeddings and self.indexes:
+                width = model.config.outputs[0].dims[-1]
+                index = next(iter(self.indexes.values()))
+                if width not in (-1, index.vectors.shape[1]):
+                    return (f"model '{name}' gives vectors of {width} dimensions, and the "
+                            f"index {index.vectors.shape[1]}: rebuild the index for it")
+        return None
 
     def close(self) -> Awaitable[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -87,6 +113,8 @@ class SearchPipeline:
             raise InvalidInput(f"'catalog' is {str(catalog)[:80]!r}; expected one of "
                                f"{', '.join(CATALOGS)}")
         spell = flag_parameter(inputs, "spell", True)
+        if (misfit := self.misfit()) is not None:
+            raise Unavailable(f"model '{self.config.name}' cannot search: {misfit}")
         index = self.indexes[str(catalog)]
         answers = await asyncio.gather(*(self._search(q, k, index, spell, inputs.timeout_s)
                                          for q in inputs.texts))
@@ -124,13 +152,13 @@ class SearchPipeline:
             embed = self.lookup(self.steps.embed).answering(Embeddings, "the search ensemble")
             vector = (await embed.infer(Inputs([searched], timeout_s=timeout_s))).vectors[0]
             timings["embed"] = _ms(at)
+            at = time.perf_counter()
+            found = index.search(vector, k)
+            timings["ann"] = _ms(at)
         except BaseException:
-            if intent is not None:
+            if intent is not None:  # the search failed: its intent is not worth running
                 intent.cancel()
             raise
-        at = time.perf_counter()
-        found = index.search(vector, k)
-        timings["ann"] = _ms(at)
         label = None
         if intent is not None:
             label, timings["intent"] = await intent
