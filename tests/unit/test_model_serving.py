@@ -1,15 +1,20 @@
 """The response cache: keyed by what the model reads, a pair apart from a text, bounded in
-bytes (the model walk's findings, each answered otherwise before)."""
+bytes; and a model that cannot be made leaves nothing running (the model walk's findings,
+each answered otherwise before)."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from queryserve.api import Classifications, Inputs
+from queryserve.errors import ConfigError
 from queryserve.local import open_model
+from queryserve.repository import ModelRepository
 from queryserve.scheduling.cache import LruCache
 from tests.conftest import minilm_dir
 
@@ -59,3 +64,20 @@ def test_a_text_and_a_pair_never_share_an_entry_and_keys_are_what_the_model_read
         local.infer(Inputs([start + "y" * 2_000_000]))
         assert pipeline.stats.cache_hit.count == 1
         assert pipeline.cache.bytes < 20_000
+
+
+def test_a_model_that_fails_to_be_made_leaves_no_thread(tmp_path: Path) -> None:
+    """Regression: a pipeline whose construction failed after its scheduler was made (here a
+    calibration.json that does not parse) left its instances' threads running, one per
+    failed load, for good."""
+    folder = tmp_path / "cls"
+    folder.mkdir()
+    shutil.copy(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "model.yaml").write_text(CLASSIFIER)
+    (folder / "calibration.json").write_text("{not json")
+    repository = ModelRepository(tmp_path)
+    before = threading.active_count()
+    for _ in range(3):
+        with pytest.raises(ConfigError, match=r"calibration\.json: cannot read it as JSON"):
+            repository.build("cls")
+    assert threading.active_count() == before
