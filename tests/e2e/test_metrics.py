@@ -139,6 +139,28 @@ def test_requests_move_the_model_counters_and_tokenize_time(server: RunningServe
     assert value(after, "queryserve_http_requests_in_flight") >= 1  # the scrape itself
 
 
+def test_every_bad_request_to_a_model_is_counted_invalid(server: RunningServer) -> None:
+    """Regression: only what `Model.infer` refused itself was counted; a wrong datatype, an
+    empty text, 1,025 items (413) or a bad OpenAI input were not, so 2 of 6 bad requests
+    showed in a model's error rate."""
+    before = value(scrape(server), "queryserve_requests_total", model="fake", outcome="invalid")
+    bad = [
+        ("/v2/models/fake/infer", {"inputs": [{"name": "text", "shape": [1, 1],
+                                               "datatype": "FP32", "data": [1.0]}]}),
+        ("/v2/models/fake/infer", {"inputs": [{"name": "text", "shape": [1, 1],
+                                               "datatype": "BYTES", "data": [""]}]}),
+        ("/v2/models/fake/infer", {"inputs": [{"name": "text", "shape": [1025, 1],
+                                               "datatype": "BYTES", "data": ["a"] * 1025}]}),
+        ("/v1/embeddings", {"model": "fake", "input": 5}),
+        ("/v1/embeddings", {"model": "fake", "input": ["a"] * 1025}),
+    ]
+    for path, body in bad:
+        status = httpx.post(f"{server.url}{path}", headers=AUTH, json=body).status_code
+        assert status in (400, 413), (path, status)
+    after = value(scrape(server), "queryserve_requests_total", model="fake", outcome="invalid")
+    assert after - before == len(bad)
+
+
 @pytest.mark.parametrize(("raw", "status", "reason"), [
     (b"GET / HTTP/1.1 trailing\r\nhost: 127.0.0.1\r\n\r\n", 400, "bad_request"),
     (b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\nbad header\r\n\r\n", 400, "bad_request"),

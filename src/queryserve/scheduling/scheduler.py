@@ -75,12 +75,16 @@ class InstanceThread:
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        # Started with its first job: a pipeline whose construction fails after its scheduler
+        # was made (a calibration.json that does not parse, a missing head.npz) left a thread
+        # running for good on every failed load.
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
 
     def submit(self, function: Callable[..., Any], args: tuple[Any, ...],
                done: Callable[[Any, BaseException | None], None]) -> None:
         self._jobs.put((function, args, done))
+        if self._thread.ident is None:
+            self._thread.start()
 
     def call(self, function: Callable[..., Any], *args: Any) -> Any:
         """Run `function` on this thread and wait for it (warmup, before serving)."""
@@ -103,8 +107,9 @@ class InstanceThread:
         flight, so at once): it must not outlive the server, or its last references to a
         backend die on a thread during interpreter exit, which aborted the process ("terminate
         called without an active exception") after a clean drain."""
-        self._jobs.put(None)
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._jobs.put(None)
+            self._thread.join()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

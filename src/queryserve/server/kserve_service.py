@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from queryserve.config import ModelConfig
-from queryserve.errors import InvalidInput, NotFound
+from queryserve.errors import InvalidInput, NotFound, QueryServeError
 from queryserve.repository import VERSION
 from queryserve.scheduling.stats import ModelStats
 from queryserve.server import kserve
@@ -32,8 +32,13 @@ class KServeService:
     async def infer(self, name: str, version: str | None,
                     decode: Decoder) -> kserve.InferAnswer:
         model = self.state.model(name, version)
-        request = decode(model.config, self.state.limits.max_items)
-        result = await self.state.infer(model, kserve.model_inputs(request, model.config))
+        try:  # `ServerState.reading`, inline: the hot path of every KServe request
+            request = decode(model.config, self.state.limits.max_items)
+            inputs = kserve.model_inputs(request, model.config)
+        except QueryServeError as exc:
+            model.stats.record_request(exc.outcome, 0.0)
+            raise
+        result = await self.state.infer(model, inputs)
         return kserve.InferAnswer.of(model.config, request, model.tensors(result))
 
     def ready(self) -> bool:

@@ -49,19 +49,20 @@ class OpenAIRoutes:
     async def embeddings(self, request: Request) -> Response:
         body = json_body(request, EXAMPLE)
         name, model = model_for(self.state, body, Embeddings, "/v1/embeddings", EXAMPLE)
-        inputs = embedding_inputs(body.get("input"))
-        encoding = body.get("encoding_format", "float")
-        if encoding not in ("float", "base64"):
-            raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
-                          "'float' or 'base64'", "encoding_format")
-        width = model.config.outputs[0].dims[-1]
-        dimensions = body.get("dimensions")
-        if dimensions is not None and type(dimensions) is not int:  # "384" is not 384
-            raise invalid(f"'dimensions' must be an integer, got {str(dimensions)[:40]!r}",
-                          "dimensions")
-        if dimensions not in (None, width):
-            raise invalid(f"model '{name}' returns {width} dimensions; 'dimensions' "
-                          f"{dimensions} is not supported", "dimensions")
+        with self.state.reading(model):
+            inputs = embedding_inputs(body.get("input"))
+            encoding = body.get("encoding_format", "float")
+            if encoding not in ("float", "base64"):
+                raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
+                              "'float' or 'base64'", "encoding_format")
+            width = model.config.outputs[0].dims[-1]
+            dimensions = body.get("dimensions")
+            if dimensions is not None and type(dimensions) is not int:  # "384" is not 384
+                raise invalid(f"'dimensions' must be an integer, got "
+                              f"{str(dimensions)[:40]!r}", "dimensions")
+            if dimensions not in (None, width):
+                raise invalid(f"model '{name}' returns {width} dimensions; 'dimensions' "
+                              f"{dimensions} is not supported", "dimensions")
         with about("input"):  # what the model refuses is in the input (a token id)
             result = await self.state.infer(model, inputs)
         return json_response(embeddings_answer(name, result, encoding == "base64"))

@@ -42,13 +42,14 @@ class RerankRoutes:
     async def rerank(self, request: Request) -> Response:
         body = json_body(request, EXAMPLE)
         name, model = model_for(self.state, body, PairScores, "/v1/rerank", EXAMPLE)
-        query = _query(body.get("query"))
-        documents = _documents(body.get("documents"))
-        top_n = _top_n(body.get("top_n"), len(documents))
-        return_documents = body.get("return_documents", False)
-        if not isinstance(return_documents, bool):
-            raise invalid(f"'return_documents' must be true or false, got "
-                          f"{str(return_documents)[:40]}", "return_documents")
+        with self.state.reading(model):
+            query = _query(body.get("query"))
+            documents = _documents(body.get("documents"))
+            top_n = _top_n(body.get("top_n"), len(documents))
+            return_documents = body.get("return_documents", False)
+            if not isinstance(return_documents, bool):
+                raise invalid(f"'return_documents' must be true or false, got "
+                              f"{str(return_documents)[:40]}", "return_documents")
         with about("documents"):
             scores = await self.state.infer(model, Inputs([query] * len(documents), documents))
         best = np.argsort(-scores.probabilities, kind="stable")[:top_n]

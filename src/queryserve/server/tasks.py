@@ -56,7 +56,9 @@ class TaskRoutes:
         model `spell` or the spelling or text2text model named by `"model"`."""
         body = json_body(request, SPELL)
         corrector = self.model(body, "spell", Corrections, "/v1/spell")
-        result = await self.state.infer(corrector, Inputs(self.texts(body, "queries", SPELL)))
+        with self.state.reading(corrector):
+            queries = self.texts(body, "queries", SPELL)
+        result = await self.state.infer(corrector, Inputs(queries))
         return json_response({"corrections": result.corrections})
 
     async def intent(self, request: Request) -> Response:
@@ -64,7 +66,8 @@ class TaskRoutes:
         "score", "confident"}]}]}`, the likeliest labels first."""
         body = json_body(request, INTENT)
         classifier = self.model(body, "intent", Classifications, "/v1/intent")
-        queries = self.texts(body, "queries", INTENT)
+        with self.state.reading(classifier):
+            queries = self.texts(body, "queries", INTENT)
         result = await self.state.infer(classifier, Inputs(queries,
                                                         parameters=_options(body, "top_k")))
         return json_response({"results": [
@@ -77,7 +80,8 @@ class TaskRoutes:
         product."""
         body = json_body(request, DUPLICATES)
         scorer = self.model(body, "duplicates", PairScores, "/v1/duplicates")
-        pairs = self.pairs(body)
+        with self.state.reading(scorer):
+            pairs = self.pairs(body)
         result = await self.state.infer(scorer, Inputs([a for a, _ in pairs],
                                                        [b for _, b in pairs],
                                                        _options(body, "threshold")))
@@ -91,11 +95,9 @@ class TaskRoutes:
         {"intent", "score", "confident"}, "catalog", "results": [{"id", "title",
         "performer_or_brand", "score"}], "timings_ms": {step: ms}, "skipped"}`."""
         body = json_body(request, SEARCH)
-        query = body.get("query")
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInput(f'the body must be a JSON object with "query": a non-empty '
-                               f"string, e.g. {SEARCH}")
         searcher = self.model(body, "search", Searches, "/v1/search")
+        with self.state.reading(searcher):
+            query = _search_query(body)
         result = await self.state.infer(searcher, Inputs([query], parameters=_options(
             body, "k", "catalog", "spell")))
         return json_response(_search_answer(result.answers[0]))
@@ -150,3 +152,11 @@ def _search_answer(a: SearchAnswer) -> dict[str, object]:
             "spell_score": a.spell_score, "searched": a.searched,
             "intent": _labels([a.intent])[0] if a.intent else None, "catalog": a.catalog,
             "results": a.results, "timings_ms": a.timings_ms, "skipped": a.skipped}
+
+
+def _search_query(body: dict[str, Any]) -> str:
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput(f'the body must be a JSON object with "query": a non-empty string, '
+                           f"e.g. {SEARCH}")
+    return query
