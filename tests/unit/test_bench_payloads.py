@@ -91,14 +91,15 @@ def test_queries_from_jsonl_field_and_plain_lines(tmp_path: Path) -> None:
 
 
 def _stats(success: int, inferences: int, executions: int, queue_ns: int, compute_ns: int,
-           batches: dict[int, int]) -> dict[str, object]:
+           batches: dict[int, int], items: int | None = None) -> dict[str, object]:
     pair = {"count": success, "ns": 0}
+    items = success if items is None else items  # the server times queue and compute per item
     return {
         "inference_count": inferences, "execution_count": executions,
-        "inference_stats": {"success": pair, "queue": {"count": success, "ns": queue_ns},
-                            "compute_input": {"count": success, "ns": 0},
-                            "compute_infer": {"count": success, "ns": compute_ns},
-                            "compute_output": {"count": success, "ns": 0}},
+        "inference_stats": {"success": pair, "queue": {"count": items, "ns": queue_ns},
+                            "compute_input": {"count": items, "ns": 0},
+                            "compute_infer": {"count": items, "ns": compute_ns},
+                            "compute_output": {"count": items, "ns": 0}},
         "batch_stats": [{"batch_size": b, "compute_infer": {"count": n, "ns": 0}}
                         for b, n in batches.items()],
     }
@@ -114,6 +115,13 @@ def test_stats_delta_is_what_the_step_cost_the_server() -> None:
         "batch_sizes": {"1": 20, "2": 20, "4": 10},
     }
     assert stats_delta(None, after) is None
+    # 4 items a request, each timed with its batch: a request's time, not 4 times it (a
+    # request of 4 items showed 10 ms of compute against a client p99 of 9.4 ms).
+    before = _stats(10, 40, 10, 4_000_000, 40_000_000, {4: 10}, items=40)
+    after = _stats(20, 80, 20, 8_000_000, 80_000_000, {4: 20}, items=80)
+    delta = stats_delta(before, after)
+    assert delta is not None
+    assert (delta["queue_ms_per_request"], delta["compute_ms_per_request"]) == (0.1, 1.0)
 
 
 def test_cost_per_million_inferences() -> None:
