@@ -8,7 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT, RunningServer, free_port
+from tests.conftest import (
+    ROOT,
+    RunningServer,
+    free_port,
+    start_server,
+    stop_server,
+    write_fake_model,
+)
 
 
 def queryserve(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -97,6 +104,37 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
         assert run.returncode == 1 and said in run.stderr and "Traceback" not in run.stderr
     run = queryserve("bench", "http://127.0.0.1:abc", "--rate", "10")
     assert run.returncode == 1 and "has no valid port" in run.stderr
+    # Rates that cannot make a search: said before anything is reached (recommend started a
+    # server, then failed with a traceback naming internal variables).
+    for command in ("bench", "recommend"):
+        run = queryserve(command, *((nobody,) if command == "bench" else ()),
+                         "--start-rate", "100", "--max-rate", "50")
+        assert run.returncode == 1 and "--start-rate 100 is above --max-rate 50" in run.stderr
+
+
+def test_a_server_that_dies_mid_run_leaves_the_steps_measured(tmp_path: Path) -> None:
+    """Regression: the server dying (or a Ctrl-C) after some steps lost every one of them:
+    no results were written, minutes of --find-max included."""
+    write_fake_model(tmp_path / "repository", "fast")
+    server = start_server(tmp_path / "repository", tmp_path / "server.log")
+    out = tmp_path / "out"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "queryserve", "bench", server.url, "--model", "fast",
+         "--rates", "20,20,20,20,20,20", "--duration", "1", "--warmup", "0", "--out",
+         str(out), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=ROOT)
+    try:
+        time.sleep(3.5)  # two or three steps in
+        server.process.kill()
+        _, stderr = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+        stop_server(server)
+    assert bench.returncode == 1 and "Traceback" not in stderr
+    assert "the steps measured before are in" in stderr
+    results = json.loads((out / "results.json").read_text())
+    assert len([s for s in results["steps"] if s["by_status"].get("200")]) >= 2
+    assert results["stop_reason"].startswith("ended early")
 
 
 def test_a_run_the_server_refuses_is_refused_before_the_load(real_server: RunningServer,

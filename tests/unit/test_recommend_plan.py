@@ -1,7 +1,11 @@
-"""`queryserve recommend`'s planning: the points it tries, the config it writes, the winner."""
+"""`queryserve recommend`'s planning: the points it tries, the config it writes, the winner;
+and the repository and server each point is served from."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from queryserve.bench.recommend_plan import (
     stage_points,
     untuned_point,
 )
+from queryserve.bench.server_process import build_repository, wait_ready
 from queryserve.config import load_model_config
 from queryserve.errors import BenchError
 
@@ -176,3 +181,33 @@ def test_a_tie_on_rate_goes_to_the_lower_latency() -> None:
     # the other (p99 7.9 ms) dominates it and alone was on the Pareto front
     default, other = point("default", 400, p99=9.0), point("b16", 400, p99=7.9)
     assert best_point([default, other], "throughput") == other
+
+
+def test_a_point_s_repository_links_the_current_model_s_files(tmp_path: Path) -> None:
+    """Regression: links made by an earlier run were kept, so a point served another
+    model's files under this one's model.yaml."""
+    for name, text in (("first", "a"), ("second", "b")):
+        (tmp_path / name / "embed").mkdir(parents=True)
+        (tmp_path / name / "embed" / "model.onnx").write_text(text)
+    (tmp_path / "first" / "embed" / "only-in-first.json").write_text("{}")
+    root = tmp_path / "point"
+    build_repository(root, "embed", tmp_path / "first" / "embed", {"backend": "fake"})
+    build_repository(root, "embed", tmp_path / "second" / "embed", {"backend": "fake"})
+    assert (root / "embed" / "model.onnx").read_text() == "b"
+    assert sorted(p.name for p in (root / "embed").iterdir()) == ["model.onnx", "model.yaml"]
+
+
+def test_waiting_for_a_server_whose_model_failed_stops_at_once(tmp_path: Path) -> None:
+    """Regression: a server up but whose only model failed to load was polled for 180 s,
+    then reported "not ready" without its reason."""
+    log = tmp_path / "server.log"
+    log.write_text("WARNING queryserve: not ready: embed failed to load; serving no models\n")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = time.monotonic()
+        with pytest.raises(BenchError, match="failed to load"):
+            wait_ready("http://127.0.0.1:9", sleeper, log, timeout_s=20)
+        assert time.monotonic() - started < 5
+    finally:
+        sleeper.kill()
+        sleeper.wait()

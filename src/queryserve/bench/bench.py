@@ -169,8 +169,10 @@ def rate_label(rate: float) -> str:
     return f"{rate:,.0f} req/s"
 
 
-async def _run_steps(plan: BenchPlan, observer: StepObserver) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = []
+async def _run_steps(plan: BenchPlan, observer: StepObserver,
+                     steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plan's steps, each appended to `steps` once measured (the caller keeps them if
+    the run ends early)."""
     p = plan.payloads
     server_of: dict[int, dict[str, Any] | None] = {}  # id(result) -> the server's breakdown
 
@@ -256,13 +258,27 @@ def run_bench(plan: BenchPlan, observer: StepObserver | None = None) -> dict[str
     """Measure the plan's steps in order; returns the results (the schema `report/` reads)."""
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     t0 = time.monotonic()
+    steps: list[dict[str, Any]] = []
+    outcome: dict[str, Any] = {"steps": steps, "search": None}
+    ended: str | None = None  # why the run ended before its plan did
     try:
         check_first_request(plan.url, plan.protocol, plan.payloads, plan.headers)
-        outcome = run_sync(_run_steps(plan, observer or StepObserver()))
+        outcome = run_sync(_run_steps(plan, observer or StepObserver(), steps))
     except (ConnectionRefusedError, OSError) as exc:
-        raise BenchError(f"cannot reach {plan.url}: {exc.strerror or exc}") from None
+        ended = f"cannot reach {plan.url}: {exc.strerror or exc}"
     except ValueError as exc:  # the generator's own checks (loopback only, bad numbers)
-        raise BenchError(str(exc)) from None
+        ended = str(exc)
+    except KeyboardInterrupt:
+        ended = "interrupted (Ctrl-C)"
+        if not steps:
+            raise
+    if ended is not None:
+        # The steps measured so far are kept: the server dying or a Ctrl-C near the end of
+        # a --find-max of minutes lost every one of them.
+        if not steps:
+            raise BenchError(ended)
+        outcome = {"steps": steps, "search": None, "stop_reason": f"ended early: {ended}",
+                   "ended_early": ended}
     return {
         "kind": "bench",
         "command": plan.command or shlex.join(sys.argv),

@@ -150,6 +150,16 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("--no-progress", action="store_true", help="plain lines, no live bar")
 
 
+def _check_rates(args: argparse.Namespace) -> None:
+    """Before any server is started or reached (a traceback after one was, in recommend)."""
+    from queryserve.errors import BenchError
+
+    if args.start_rate > args.max_rate:
+        raise BenchError(f"--start-rate {args.start_rate:g} is above --max-rate "
+                         f"{args.max_rate:g}: the search starts at the first and stops at the "
+                         "second")
+
+
 def run_bench_command(args: argparse.Namespace) -> None:
     from rich.console import Console
 
@@ -160,6 +170,7 @@ def run_bench_command(args: argparse.Namespace) -> None:
     from queryserve.bench.search import StopConditions
     from queryserve.errors import BenchError
 
+    _check_rates(args)
     if args.items_per_request < 1:
         raise BenchError("--items-per-request must be >= 1")
     queries = read_queries(args.queries, args.field)
@@ -200,6 +211,10 @@ def run_bench_command(args: argparse.Namespace) -> None:
         "bench-%Y%m%d-%H%M%S")
     written = write_bench_report(results, out)
     print_summary(results, [str(p) for p in written], Console())
+    if (ended := results.get("ended_early")) is not None:  # what was measured is written
+        if ended.startswith("interrupted"):
+            raise KeyboardInterrupt
+        raise BenchError(f"{ended}; the steps measured before are in {out}")
     answers: Counter[str] = Counter()
     for step in results["steps"]:
         answers.update(step["by_status"])
@@ -320,6 +335,7 @@ def run_recommend_command(args: argparse.Namespace) -> None:
 
     if args.objective == "cost" and args.price_per_hour is None:
         raise BenchError("--objective cost needs --price-per-hour")
+    _check_rates(args)
     payloads = build_payloads("kserve", read_queries(args.queries, args.field), model=args.model)
     sweep = Sweep(repository=args.repository, model=args.model, payloads=payloads,
                   threshold_ms=args.threshold_ms, percentile=args.percentile,

@@ -15,6 +15,7 @@ only what is missing.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import shlex
@@ -82,6 +83,9 @@ def measure_point(sweep: Sweep, point: Point, config: dict[str, Any], files: dic
     except BenchError as exc:
         record["error"] = exc.message
         return record
+    except OSError as exc:  # the point's server went away mid-search: the sweep goes on
+        record["error"] = f"the server stopped answering: {exc}"
+        return record
     if result is not None and rate > 0:
         inferences = result.throughput * sweep.payloads.items_per_request
         price = (None if sweep.price_per_hour is None
@@ -113,6 +117,20 @@ def _search(sweep: Sweep, url: str,
 
 
 # -- the sweep -----------------------------------------------------------------------------
+
+
+def _digest(parts: Sequence[bytes]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return digest.hexdigest()[:16]
+
+
+def _files_digest(folder: Path) -> str:
+    """Which files a model folder serves: each one's path, size and time of change."""
+    entries = sorted(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}".encode()
+                     for p in folder.rglob("*") if p.is_file())
+    return _digest(entries)
 
 
 def _load_state(path: Path, key: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -170,9 +188,15 @@ def run_recommend(sweep: Sweep, observer: StepObserver,
     (sweep.out_dir / "logs").mkdir(exist_ok=True)
     state_path = sweep.out_dir / STATE_FILE
     # "points": 3 since points carry the workers; an older state's ids name other points.
+    # Everything a point's figure depends on: with the rates, the repository and the queries
+    # left out, a rerun with --max-rate 2000 reprinted the points capped at 200, and one on
+    # another repository kept the first model's figures for the second's model.yaml.
     key = {"points": 3, "model": sweep.model, "threshold_ms": sweep.threshold_ms,
            "percentile": sweep.percentile, "step_duration_s": sweep.step_duration_s,
-           "bodies": len(sweep.payloads.bodies), "price_per_hour": sweep.price_per_hour,
+           "warmup_s": sweep.warmup_s, "start_rate": sweep.start_rate,
+           "max_rate": sweep.max_rate, "model_files": _files_digest(sweep.repository /
+                                                                    sweep.model),
+           "bodies": _digest(sweep.payloads.bodies), "price_per_hour": sweep.price_per_hour,
            "items_per_request": sweep.payloads.items_per_request}
     done = _load_state(state_path, key)
     measured: list[Point] = []

@@ -47,12 +47,12 @@ def build_repository(root: Path, model: str, model_dir: Path, config: dict[str, 
     """A repository holding one model: symlinks to the prepared files, its own model.yaml."""
     folder = root / model
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # an earlier run's links may name another model's files
+        if old.is_symlink():
+            old.unlink()
     for entry in model_dir.iterdir():
-        if entry.name == "model.yaml":
-            continue
-        link = folder / entry.name
-        if not link.is_symlink():
-            link.symlink_to(entry.resolve())
+        if entry.name != "model.yaml":
+            (folder / entry.name).symlink_to(entry.resolve())
     (folder / "model.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return root
 
@@ -201,6 +201,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path,
             raise BenchError("the server exited before it was ready:\n  " + "\n  ".join(tail))
         if ready_status(url) == 200:
             return time.monotonic() - started
+        log = log_path.read_text(errors="replace")
+        if "failed to load" in log:  # it will not be ready: waited for, 180 s and no reason
+            tail = log.strip().splitlines()[-5:]
+            raise BenchError("the server's model failed to load:\n  " + "\n  ".join(tail))
         time.sleep(READY_POLL_S)
     raise BenchError(f"the server at {url} was not ready within {timeout_s:.0f} s")
 
