@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 
@@ -37,11 +38,20 @@ def probability(value: str) -> float:
 
 
 def folder_to_write(value: str) -> Path:
-    """A folder a command writes into: made if missing, refused at once if a file is there
-    (rather than after minutes of work, at the first write)."""
+    """A folder a command writes into: made if missing, refused at once (rather than after
+    minutes of work, at the first write) if a file is there, or if the nearest folder that
+    exists above it is a file or cannot be written (a traceback after the run, its
+    figures lost)."""
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value} is a file; give a folder to write into")
+    above = path.absolute()
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} cannot be made: {above} is a file")
+    if not path.exists() and not os.access(above, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{value} cannot be made: {above} is not writable")
     return path
 
 

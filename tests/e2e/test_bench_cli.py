@@ -76,7 +76,16 @@ def test_find_max_on_the_openai_route(real_server: RunningServer, tmp_path: Path
     search = results["search"]
     assert search["max_rate"] == 40  # a real model at 40 req/s is far under a 1 s p99
     assert results["steps"][search["step"]]["target_rate"] == 40
-    assert "max rate with p99 <= 1000 ms: 40 req/s" in run.stdout
+    # 40 is where the search stopped looking (it was reported as the server's maximum).
+    assert search["capped"] is True
+    assert "max rate with p99 <= 1000 ms: 40 req/s or more: the --max-rate ceiling" in run.stdout
+    # No rate under the bar is a failed search (exit 0 before), its steps written.
+    run = queryserve("bench", real_server.url, "--protocol", "openai", "--find-max",
+                     "--p99-ms", "0.001", "--start-rate", "10", "--min-rate", "5",
+                     "--duration", "0.3", "--warmup", "0", "--out", str(tmp_path / "none"),
+                     "--no-progress")
+    assert run.returncode == 1 and "no rate met p99 <= 0.001 ms" in run.stderr, run.stderr
+    assert (tmp_path / "none" / "results.json").is_file()
 
 
 def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
@@ -104,6 +113,10 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
         assert run.returncode == 1 and said in run.stderr and "Traceback" not in run.stderr
     run = queryserve("bench", "http://127.0.0.1:abc", "--rate", "10")
     assert run.returncode == 1 and "has no valid port" in run.stderr
+    # An --out that cannot be made is refused before the run (a traceback after it).
+    (tmp_path / "afile").write_text("")
+    run = queryserve("bench", nobody, "--rate", "10", "--out", str(tmp_path / "afile" / "out"))
+    assert run.returncode == 2 and "afile is a file" in run.stderr
     # Rates that cannot make a search: said before anything is reached (recommend started a
     # server, then failed with a traceback naming internal variables).
     for command in ("bench", "recommend"):

@@ -224,8 +224,9 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver,
         # The step that set the max rate: the last passing run at that rate.
         step = next((i for i in reversed(range(len(steps))) if steps[i]["passed"]
                      and steps[i]["target_rate"] == rate), None)
+        # At --max-rate the search stopped looking, not the server keeping up: said so.
         search = {"percentile": plan.percentile, "threshold_ms": plan.threshold_ms,
-                  "max_rate": rate, "step": step}
+                  "max_rate": rate, "step": step, "capped": rate >= plan.max_rate}
         if rate == 0:
             reason = (f"no rate from {plan.start_rate:g} down to {plan.min_rate:g} req/s kept "
                       f"{plan.percentile} <= {plan.threshold_ms:g} ms without failures")

@@ -225,6 +225,10 @@ def run_bench_command(args: argparse.Namespace) -> None:
         said = [f"{times} x {status}" for status, times in sorted(answers.items())]
         raise BenchError(f"no request succeeded at {plan.url} ({', '.join(said) or 'no answers'}"
                          f"; {errors} errors): check the URL, --model and --protocol")
+    search = results.get("search")
+    if search is not None and search["max_rate"] <= 0:  # a script gates on the exit status
+        raise BenchError(f"no rate met {search['percentile']} <= {search['threshold_ms']:g} "
+                         f"ms; the steps tried are in {out}")
 
 
 def _names(value: str) -> list[str]:

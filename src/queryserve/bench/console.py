@@ -115,8 +115,9 @@ def print_summary(results: dict[str, Any], written: list[str], console: Console)
     console.print(table)
     search = results.get("search")
     if search:
+        capped = " or more: the --max-rate ceiling, raise it" if search.get("capped") else ""
         console.print(f"[bold]max rate with {search['percentile']} <= "
-                      f"{search['threshold_ms']:g} ms: {search['max_rate']:,.0f} req/s[/]")
+                      f"{search['threshold_ms']:g} ms: {search['max_rate']:,.0f} req/s{capped}[/]")
     if results.get("stop_reason"):
         console.print(f"stopped: {results['stop_reason']}")
     bound = [rec["label"] for rec in results["steps"] if rec["client_bound"]]
@@ -167,7 +168,8 @@ def print_recommendation(results: dict[str, Any], written: list[str], console: C
     for p in sorted(results["points"], key=lambda p: -(p.get("max_rate") or 0)):
         lat = p.get("latency_ms") or {}
         name = p["id"] + point_tags(p)
-        rate = f"{p['max_rate']:,.0f}" if not p.get("error") else "error"
+        rate = ((">= " if p.get("capped") else "") + f"{p['max_rate']:,.0f}"
+                if not p.get("error") else "error")
         row = [name, rate, _ms(lat.get("p50")), _ms(lat.get(pct)),
                "-" if p.get("rss_mb") is None else f"{p['rss_mb']:.0f}"]
         cost = p.get("cost_per_million")
@@ -185,5 +187,9 @@ def print_recommendation(results: dict[str, Any], written: list[str], console: C
     else:
         console.print(f"[bold]best: {best['id']}[/], {best['max_rate']:,.0f} req/s"
                       + "".join(f"; {gain}" for gain in gains(results)))
+        if best.get("capped"):
+            console.print("[yellow]its rate is the --max-rate ceiling: points that reach it "
+                          "are told apart by latency alone; raise --max-rate to compare "
+                          "their throughput[/]")
     for path in written:
         console.print(f"wrote {path}", highlight=False)

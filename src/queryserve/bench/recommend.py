@@ -90,7 +90,7 @@ def measure_point(sweep: Sweep, point: Point, config: dict[str, Any], files: dic
         inferences = result.throughput * sweep.payloads.items_per_request
         price = (None if sweep.price_per_hour is None
                  else sweep.price_per_hour * point.cores / sweep.total_cores)
-        record.update(max_rate=rate,
+        record.update(max_rate=rate, capped=rate >= sweep.max_rate,
                       latency_ms={k: round(v, 3) for k, v in result.percentiles.items()},
                       cost_per_million=cost_per_million(price, inferences))
     return record

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from queryserve.arguments import folder_to_write
 from queryserve.errors import ExportError
 from queryserve.optimize.recipes import PRECISIONS, Precision
 from queryserve.optimize.source import TASKS, Source, Task, inspect_source
@@ -63,7 +64,7 @@ def add_optimize_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
                         help="fp32, fp16 (for GPUs; gated here on the CPU), int8 or bf16; "
                              "several, comma-separated, keep the fastest that passes "
                              "(default: int8)")
-    parser.add_argument("--out", type=Path, required=True, metavar="REPO/NAME",
+    parser.add_argument("--out", type=folder_to_write, required=True, metavar="REPO/NAME",
                         help="model folder to write, inside a model repository")
     parser.add_argument("--parity", type=Path, default=None, metavar="FILE",
                         help="real inputs for the accuracy gate: one text per line, .jsonl "

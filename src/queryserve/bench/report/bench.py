@@ -46,6 +46,8 @@ def _headline(results: dict[str, Any], steps: list[dict[str, Any]]) -> tuple[str
         if max_rate is None or max_rate <= 0:
             return f"No tested rate met {bound}.", sub
         head = f"Max rate with {bound}: <strong>{fmt_rate(max_rate)} req/s</strong>"
+        if as_dict(results.get("search")).get("capped"):
+            head += " or more (the --max-rate ceiling)"
         if items != 1:
             head += f" ({fmt_rate(max_rate * items)} inferences/s)"
         return head, sub
