@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -358,6 +359,35 @@ def test_a_signal_during_a_slow_load_exits_within_the_drain_timeout(tmp_path: Pa
         assert "1 model build(s) left unfinished" in log.read_text()
     finally:
         process.kill()
+
+
+def test_serve_raises_its_file_limit_and_warns_of_a_cap_past_half_of_it(
+        tmp_path: Path) -> None:
+    """systemd starts a service with 1,024 open files (hard limit far above): a flood of
+    connections to the gRPC port, which has no cap of its own, used them up and every HTTP
+    client was reset without an answer; a --max-connections past the limit was taken
+    without a word."""
+    write_fake_model(tmp_path, "fast")
+    log = tmp_path / "server.log"
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
+             "--http", f"127.0.0.1:{port}", "--grpc", "off", "--max-connections", "5000"],
+            stdout=sink, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)))
+    try:
+        deadline = time.monotonic() + 60
+        while "ready:" not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        files = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+        assert files.split()[3:5] == ["4096", "4096"], files
+        assert "--max-connections 5000 on a limit of 4096 open files" in log.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
 
 
 def rss_mb(pid: int) -> float:

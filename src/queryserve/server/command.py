@@ -7,10 +7,12 @@ adds to `--api-key`, so a key need not appear in the process list.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import resource
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -174,10 +176,11 @@ def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
     limits.add_argument("--idle-timeout", type=positive, default=http.idle_timeout_s,
                         metavar="S", help="a keep-alive connection idle this long is closed "
                                           "(default: %(default)g)")
-    limits.add_argument("--max-connections", type=count, default=http.max_connections,
+    limits.add_argument("--max-connections", type=count, default=None,
                         help="open connections at most; at the cap the connection silent "
-                             "longest makes room, or a newcomer gets a 503 (default: "
-                             "%(default)s, half this process's file limit at most)")
+                             "longest (or else idle longest) makes room, or a newcomer gets a "
+                             "503 (default: half the process's file limit, which serve raises "
+                             "to its hard limit, at most 4096)")
     limits.add_argument("--max-connection-age", type=non_negative,
                         default=http.max_connection_age_s, metavar="S",
                         help="a connection this old is ended after its next answer (HTTP: "
@@ -189,6 +192,18 @@ def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
                              "(default: %(default)g)")
 
 
+def _raise_file_limit() -> int:
+    """The soft limit of open files raised to the hard one (as Go's runtime does): systemd
+    starts services at 1,024, which a connection flood on the gRPC port (no cap of its own)
+    used up, every HTTP client then reset without an answer. The limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 def run_serve_command(args: argparse.Namespace) -> int:
     """Serve until a signal; the exit status (0: drained)."""
     from queryserve.server.run import ServeOptions, serve
@@ -196,12 +211,18 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
     keys = [*args.api_key, *(key.strip() for key in
                              os.environ.get(API_KEY_VARIABLE, "").split(",") if key.strip())]
+    files = _raise_file_limit()
+    max_connections = args.max_connections or HttpLimits().max_connections
+    if max_connections > files // 2:
+        log.warning("--max-connections %d on a limit of %d open files: past half of it, "
+                    "connections take the files models, logs and gRPC need, and new clients "
+                    "are reset without an answer", max_connections, files)
     host, port = args.http
     options = ServeOptions(
         args.repository, host, port, args.cores, Limits(args.max_items),
         HttpLimits(max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                    idle_timeout_s=args.idle_timeout, header_timeout_s=args.header_timeout,
-                   max_connections=args.max_connections,
+                   max_connections=max_connections,
                    max_connection_age_s=args.max_connection_age or math.inf),
         args.drain_timeout, grpc=args.grpc, api_keys=tuple(keys),
         allowed_hosts=tuple(args.allowed_hosts), cors_origins=tuple(args.cors_allow_origin),
