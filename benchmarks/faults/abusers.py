@@ -1,6 +1,7 @@
 """The abusive clients of benchmarks/faults/abusive.py, each run to its end and reporting
 what the server did to its connections and when: slowloris, a flood of silent connections, one
-128 MB header line, and a pipeliner that never reads. All on 127.0.0.1, every wait bounded."""
+128 MB header line, a pipeliner that never reads, keep-alive connections that ask once and
+idle at the cap, and a body in 2-byte chunks. All on 127.0.0.1, every wait bounded."""
 
 from __future__ import annotations
 
@@ -228,3 +229,85 @@ def pipeliner(server: Server, count: int, read_s: float) -> dict[str, Any]:
             "closed_s": None if closed_s is None else round(closed_s, 3),
             "closed_after_last_byte_s": None if closed_s is None
             else round(closed_s - progress["last_s"], 3), "deadline_s": read_s}
+
+
+# -- keep-alive connections that each asked once and then idle ----------------------------------
+
+READY = b"GET /v2/health/ready HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+
+
+async def _status(reader: asyncio.StreamReader) -> str:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await asyncio.wait_for(reader.readexactly(length), 10)
+    return head.split(b" ", 2)[1].decode()
+
+
+async def idle_flood(server: Server, count: int) -> dict[str, Any]:
+    """`count` connections that each send one request, read its answer and then idle (a
+    client pool held open, or a cheap attack on the cap); then a new connection every 0.25 s
+    for 5 s, as a health probe or a new client comes: each must be answered 200."""
+    gate, answers, errors = asyncio.Semaphore(256), Counter[str](), Counter[str]()
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def one() -> None:
+        async with gate:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", server.port), 15)
+            except (TimeoutError, OSError) as exc:
+                errors[type(exc).__name__] += 1
+                return
+            writer.write(READY)
+            try:
+                answers[await _status(reader)] += 1
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError):
+                answers["no answer"] += 1
+            held.append((reader, writer))
+
+    evicted_before = await asyncio.to_thread(
+        server.metric, "queryserve_http_connections_evicted_total") or 0.0
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(one() for _ in range(count))), FLOOD_S)
+    newcomers: Counter[str] = Counter()
+    for _ in range(20):
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", server.port), 5)
+            writer.write(READY)
+            newcomers[await _status(reader)] += 1
+            writer.close()
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError) as exc:
+            newcomers[type(exc).__name__] += 1
+        await asyncio.sleep(0.25)
+    closed = 0
+    for reader, writer in held:
+        with contextlib.suppress(TimeoutError, OSError):
+            closed += await asyncio.wait_for(reader.read(1), 0.01) == b""
+        writer.close()
+    evicted = (await asyncio.to_thread(
+        server.metric, "queryserve_http_connections_evicted_total") or 0.0) - evicted_before
+    return {"connections": count, "answers": dict(answers), "connect_errors": dict(errors),
+            "newcomers": dict(newcomers), "closed_by_server": closed, "evicted": int(evicted)}
+
+
+# -- a body in 2-byte chunks -----------------------------------------------------------------------
+
+
+def tiny_chunks(server: Server, body_bytes: int = 8_000_000) -> dict[str, Any]:
+    """One KServe request of about `body_bytes` (a text of that length) sent chunked, two
+    bytes a chunk: the body limit's worth of content in millions of pieces."""
+    body = (b'{"inputs":[{"name":"text","shape":[1,1],"datatype":"BYTES","data":["'
+            + b"a" * (body_bytes - 90) + b'"]}]}')
+    if len(body) % 2:
+        body += b" "
+    chunks = b"".join(b"2\r\n" + body[i:i + 2] + b"\r\n" for i in range(0, len(body), 2))
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(f"POST {PATH} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                     "application/json\r\ntransfer-encoding: chunked\r\n\r\n".encode()
+                     + chunks + b"0\r\n\r\n")
+        answer = sock.recv(64)
+    return {"content_bytes": len(body), "wire_bytes": len(chunks),
+            "status": answer.split(b" ", 2)[1].decode() if answer else "closed",
+            "answered_s": round(time.monotonic() - started, 2)}

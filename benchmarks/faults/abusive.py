@@ -11,7 +11,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from faults.abusers import LATE_S, PATH, big_header, flood, pipeliner, slowloris
+from faults.abusers import (
+    LATE_S,
+    PATH,
+    big_header,
+    flood,
+    idle_flood,
+    pipeliner,
+    slowloris,
+    tiny_chunks,
+)
 from faults.client import Background, Stream
 from faults.common import (
     REPOSITORY,
@@ -70,6 +79,9 @@ def measure(mode: Mode) -> dict[str, Any]:
             phase("one 128 MB header line", lambda: big_header(server))
             phase("pipelining 20,000 requests, never reading",
                   lambda: pipeliner(server, 20_000, read_s))
+            phase(f"keep-alive: {MAX_CONNECTIONS:,} connections ask once, then idle",
+                  lambda: asyncio.run(idle_flood(server, MAX_CONNECTIONS)))
+            phase("an 8 MB body in 2-byte chunks", lambda: tiny_chunks(server))
             phase("after", lambda: time.sleep(quiet_s) or {})
             (records,) = load.stop()
         baseline_mb = rss.peak_mb(phases[0]["start"], phases[0]["end"]) or 0.0
@@ -99,6 +111,7 @@ def judge(phases: list[dict[str, Any]], baseline_mb: float, ready_after: int, he
         pipe["closed_after_last_byte_s"] is not None
         and pipe["closed_after_last_byte_s"] <= read_s + LATE_S,
     ]
+    idle, tiny = phases[5]["detail"], phases[6]["detail"]
     healthy = set(fld["probes"]) == {"200"} and ready_after == 200
     return {
         "flags": list(flags), "rate": RATE, "baseline_mb": baseline_mb, "phases": phases,
@@ -127,6 +140,10 @@ def judge(phases: list[dict[str, Any]], baseline_mb: float, ready_after: int, he
                     f"{baseline_mb:,.0f} MB (bound: {RSS_BOUND_MB:.0f} MB)"),
             verdict(healthy, f"readiness probes during the flood: {fld['probes']}; a new "
                              f"connection after everything: {ready_after} (target: all 200)"),
+            verdict(set(idle["newcomers"]) == {"200"} and tiny["status"] == "200",
+                    f"new connections with {idle['connections']:,} idle keep-alive ones at "
+                    f"the cap: {idle['newcomers']}; the body in 2-byte chunks: "
+                    f"{tiny['status']} (target: all 200)"),
         ],
     }
 
@@ -190,4 +207,16 @@ def render(f: dict[str, Any]) -> list[str]:
         f"closed | {pipe['closed_after_last_byte_s']} s after the client's last byte was taken "
         f"| read timeout {pipe['deadline_s']:g} s |",
     ]
+    if len(phases) > 7:  # measured since 2026-11-28 14:30 UTC
+        idle, tiny = phases[5]["detail"], phases[6]["detail"]
+        asked = ", ".join(f"{n:,} x {s}" for s, n in idle["answers"].items())
+        new = ", ".join(f"{n} x {s}" for s, n in idle["newcomers"].items())
+        lines += [
+            f"| keep-alive: {idle['connections']:,} connections ask once, then idle (answers: "
+            f"{asked}) | {idle['evicted']:,} idle ones closed to make room for 20 new "
+            f"connections, one every 0.25 s after them: {new} | at once | at once |",
+            f"| one request of {tiny['content_bytes'] / 1e6:.1f} MB in 2-byte chunks "
+            f"({tiny['wire_bytes'] / 1e6:.1f} MB on the wire) | {tiny['status']} | answered "
+            f"{tiny['answered_s']} s after connect (RSS in the table above) | n/a |",
+        ]
     return lines

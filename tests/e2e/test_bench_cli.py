@@ -39,7 +39,8 @@ def test_rate_sweep_reports_client_and_server_figures(real_server: RunningServer
         assert 0.8 * step["target_rate"] <= step["throughput"] <= 1.2 * step["target_rate"]
         assert 0 < step["latency_ms"]["p50"] <= step["latency_ms"]["p99"]
         server = step["server"]  # read from the server's own /stats around the step
-        assert server["requests"] >= ok and server["mean_batch"] >= 1
+        # from the warmup's end: its 6-12 requests were counted too (the client's are not)
+        assert ok - 2 <= server["requests"] <= ok + 2 and server["mean_batch"] >= 1
         assert server["compute_ms_per_request"] > 0
         # $0.36 an hour = $0.0001 a second, over `throughput` inferences a second
         expected = 0.36 / (step["inferences_per_s"] * 3600) * 1e6
@@ -62,7 +63,8 @@ def test_closed_loop_phases_over_the_binary_protocol(real_server: RunningServer,
     for step in steps:
         assert step["errors"] == 0 and set(step["by_status"]) == {"200"}
         assert step["inferences_per_s"] == 4 * step["throughput"]
-        assert step["server"]["inferences"] == 4 * step["server"]["requests"]
+        # read as the warmup ends, under load: a request or two may be half counted then
+        assert abs(step["server"]["inferences"] - 4 * step["server"]["requests"]) <= 8
 
 
 def test_find_max_on_the_openai_route(real_server: RunningServer, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ compute where the server tells (queryserve, Triton).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import platform
@@ -176,13 +177,26 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver,
     p = plan.payloads
     server_of: dict[int, dict[str, Any] | None] = {}  # id(result) -> the server's breakdown
 
-    async def measured(label: str, seconds: float,
+    async def measured(label: str, warmup_s: float, duration_s: float,
                        run: Coroutine[Any, Any, LoadResult]) -> LoadResult:
-        observer.step_started(label, seconds)
-        before = fetch_stats(plan.url, plan.model, plan.headers)
-        result = await run
+        """`run`, and what the server counted from the end of its warmup to its end: read
+        from its start, the server's figures held the warmup's requests, which the client's
+        do not (50 requests against 40)."""
+        observer.step_started(label, warmup_s + duration_s)
+
+        async def at_warm_end() -> dict[str, Any] | None:
+            await asyncio.sleep(warmup_s)
+            return await asyncio.to_thread(fetch_stats, plan.url, plan.model, plan.headers)
+
+        before = asyncio.ensure_future(at_warm_end())
+        try:
+            result = await run
+        finally:
+            if not before.done():
+                before.cancel()
         after = fetch_stats(plan.url, plan.model, plan.headers)
-        server_of[id(result)] = stats_delta(before, after)
+        warm = before.result() if before.done() and not before.cancelled() else None
+        server_of[id(result)] = stats_delta(warm, after)
         return result
 
     def record(trial: Trial, label: str) -> None:
@@ -207,7 +221,7 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver,
                 poisson=plan.poisson, seed=plan.seed, connections=plan.connections,
                 max_connections=plan.max_connections, headers=plan.headers,
                 content_type=p.content_type, body_headers=p.body_headers)
-        return await measured(rate_label(rate), plan.warmup_s + plan.duration_s, run)
+        return await measured(rate_label(rate), plan.warmup_s, plan.duration_s, run)
 
     def open_trial(trial: Trial) -> None:
         record(trial, rate_label(trial.level))
@@ -241,7 +255,7 @@ async def _run_steps(plan: BenchPlan, observer: StepObserver,
         for i, phase in enumerate(plan.phases):
             # Warm up once, in the first phase; later phases continue a warm server.
             warmup_s = plan.warmup_s if i == 0 else 0.0
-            result = await measured(phase.label, warmup_s + phase.duration_s, run_closed_loop(
+            result = await measured(phase.label, warmup_s, phase.duration_s, run_closed_loop(
                 plan.url, p.bodies, phase.users, phase.duration_s,
                 spawn_rate=phase.spawn_rate, warmup_s=warmup_s, headers=plan.headers,
                 content_type=p.content_type, body_headers=p.body_headers))
