@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -180,6 +182,31 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path: Path, data: Path,
     assert cli.main(["train", "spell", str(tmp_path / "none"), "--data", str(data),
                      "--resume", *TINY]) == 1
     assert "no checkpoint.pt to resume from" in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path: Path, data: Path) -> None:
+    """Regression: an interrupt within the first checkpoint's minutes left nothing to resume
+    ("no checkpoint.pt to resume from"); `--no-progress` was refused."""
+    out = tmp_path / "spell"
+    command = [sys.executable, "-m", "queryserve", "train", "spell", str(out), "--data",
+               str(data), "--minutes", "5", "--no-progress", *TINY]
+    # SIGINT as a terminal's Ctrl-C sends it, even where this test runs with it ignored (a
+    # background job): Python then installs no handler of its own.
+    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "tokenizer.json").is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # some steps in
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        run.kill()
+        run.wait()
+    assert run.returncode == 130 and "checkpoint saved" in stderr, stderr
+    assert cli.main(["train", "spell", str(out), "--data", str(data), "--max-steps", "1",
+                     "--resume", "--no-progress", *TINY]) == 0
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,7 @@ def add_spell_parsers(tasks: argparse._SubParsersAction[argparse.ArgumentParser]
                             "--minutes of training in all")
     spell.add_argument("--measure-speed", action="store_true",
                        help="only time fp32 at batch 32 against bf16 and a large batch")
+    spell.add_argument("--no-progress", action="store_true")
     _folder_parser(tasks, "spell-channel", "learn the noisy-channel spelling corrector "
                                            "(seconds): a servable model folder")
     hybrid = _folder_parser(tasks, "spell-hybrid", "fit the hybrid spelling corrector's "
@@ -214,7 +215,8 @@ def run_spell_train_command(args: argparse.Namespace) -> None:
                     bf16=not args.fp32, seed=args.seed, device=args.device,
                     workers=args.workers, development=args.development,
                     copy_share=args.copy_share)
-    record = train_spell(args.out, recipe, shape, args.data, resume=args.resume)
+    record = train_spell(args.out, recipe, shape, args.data, resume=args.resume,
+                         progress=not args.no_progress)
     print(json.dumps(record, indent=2))
 
 

@@ -29,7 +29,8 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,20 @@ def learning_rate(recipe: Recipe, step: int, elapsed: float) -> float:
     return recipe.learning_rate * warm * (0.1 + 0.9 * left)
 
 
+@contextmanager
+def _checkpoint_on_interrupt(save: Callable[[], None], state: dict[str, Any]) -> Iterator[None]:
+    """Ctrl-C saves a checkpoint before it ends the run: within the first checkpoint's
+    minutes nothing could be resumed (`--resume`: "no checkpoint.pt to resume from"). The
+    pool being trained on is trained on again from its start."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        save()
+        print(f"interrupted at step {state['step']}: checkpoint saved; `--resume` goes on",
+              file=sys.stderr, flush=True)
+        raise
+
+
 def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
                 data: Path = DATA, resume: bool = False, progress: bool = True,
                 threads: int | None = None) -> dict[str, Any]:
@@ -340,11 +355,14 @@ def train_spell(out: Path, recipe: Recipe = Recipe(), shape: Shape = Shape(),
         checkpoint.with_suffix(".tmp").replace(checkpoint)  # never a half-written checkpoint
 
     def done() -> bool:
-        return bool(time.monotonic() - started >= budget or state["step"] == recipe.max_steps)
+        # >=: a run resumed past --max-steps (it went on for its whole time budget)
+        return bool(time.monotonic() - started >= budget
+                    or (recipe.max_steps is not None and state["step"] >= recipe.max_steps))
 
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
-    with Progress(*columns, disable=not progress) as display:
+    with Progress(*columns, disable=not progress) as display, \
+            _checkpoint_on_interrupt(save_checkpoint, state):
         task = display.add_task("train spell", total=budget, completed=state["seconds"],
                                 status="")
         for pool in pool_stream(pools, state["pools"], workers, device.type == "cuda"):
