@@ -4,7 +4,10 @@ stand-in on 127.0.0.1 (a plain HTTP server that decodes what the real exporter s
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -77,3 +80,24 @@ def test_each_request_is_a_span_in_the_caller_s_trace(tmp_path: Path, collector:
     service = {a.key: a.value.string_value for export in Collector.exports
                for resource in export.resource_spans for a in resource.resource.attributes}
     assert service["service.name"] == "queryserve"
+
+
+def test_a_collector_that_never_answers_does_not_hold_the_exit(tmp_path: Path) -> None:
+    """Regression: with the collector down or hung, the SDK's shutdown took 30 s whatever
+    --drain-timeout said (past a pod's grace period)."""
+    hung = socket.socket()  # accepts connections (the kernel does) and never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    write_fake_model(tmp_path, "fast")
+    endpoint = f"http://127.0.0.1:{hung.getsockname()[1]}/v1/traces"
+    server = start_server(tmp_path, tmp_path / "server.log", "--otlp-endpoint", endpoint,
+                          "--drain-timeout", "2")
+    try:
+        assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 5, server.log_text()
+    finally:
+        server.process.kill()
+        hung.close()

@@ -129,8 +129,8 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
         control.close()
     if access_log is not None:
         access_log.close()
-    if tracing is not None:
-        await asyncio.to_thread(tracing.close)  # the last batch of spans goes out
+    if tracing is not None:  # the last batch of spans goes out, within the drain's time
+        await tracing.close(max(1.0, options.drain_timeout_s - (time.monotonic() - began)))
     _log_stopped(time.monotonic() - began, unanswered)
     if repository.builds:
         log.info("%d model build(s) left unfinished", len(repository.builds))

@@ -8,10 +8,15 @@ request. On, a request pays for one span's start and end; export happens off the
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from typing import Any
 
 from queryserve.errors import ServeError
 from queryserve.server.http import Request, Response
+
+log = logging.getLogger(__name__)
 
 
 class Tracing:
@@ -29,7 +34,10 @@ class Tracing:
         except ImportError:
             raise ServeError("--otlp-endpoint needs the tracing extra: "
                              "pip install 'queryserve[tracing]'") from None
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        # Shut down by `close`, within the drain's time: at exit, the SDK's own handler would
+        # wait for the collector again.
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                                       shutdown_on_exit=False)
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         self.tracer = self.provider.get_tracer("queryserve")
         self.propagator = TraceContextTextMapPropagator()
@@ -53,6 +61,20 @@ class Tracing:
             span.set_status(self.error_status)
         span.end()
 
-    def close(self) -> None:
-        """Send what is still batched, then stop the exporter's thread."""
-        self.provider.shutdown()
+    async def close(self, timeout_s: float) -> None:
+        """Send what is still batched, then stop the exporter's thread, for `timeout_s` at
+        most: with the collector down or slow, the SDK's shutdown took 30 s whatever
+        --drain-timeout said, past a pod's grace period. What is not sent by then is
+        dropped (the exporter's thread is a daemon: it does not hold the exit)."""
+        done = threading.Event()
+
+        def shut_down() -> None:
+            try:
+                self.provider.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shut_down, name="otel-shutdown", daemon=True).start()
+        if not await asyncio.get_running_loop().run_in_executor(None, done.wait, timeout_s):
+            log.warning("the spans not sent to the collector within %.1f s are dropped",
+                        timeout_s)
