@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,3 +259,39 @@ def test_serving_beyond_loopback_without_a_key_warns(caplog: pytest.LogCaptureFi
         _warn_if_open(ServeOptions(Path(".")))
     warnings = [r.message for r in caplog.records]
     assert len(warnings) == 1 and "without an API key" in warnings[0]
+
+
+def test_the_access_log_keeps_refusals_departures_and_follows_rotation(
+        tmp_path: Path) -> None:
+    """Regression (the observability walk): a request the transport refused (413, 431...)
+    was in no log, and its answer bore a new id, not the client's; a client that left before
+    its answer vanished (nginx logs a 499); after logrotate's rename every line went to the
+    renamed file; a body beginning with whitespace lost its model."""
+    write_fake_model(tmp_path, "slow", delay_ms=600)
+    log_file = tmp_path / "access.jsonl"
+    server = start_server(tmp_path, tmp_path / "server.log", "--access-log", str(log_file),
+                          "--max-body-bytes", "1000")
+    try:
+        big = httpx.post(f"{server.url}/v2/models/slow/infer", content=b"x" * 5000,
+                         headers={"x-request-id": "too-big"})
+        assert (big.status_code, big.headers["x-request-id"]) == (413, "too-big")
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            body = orjson.dumps(INFER)
+            sock.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                         b"x-request-id: left\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(0.2)  # queued behind nothing, running: then the client goes
+        time.sleep(1.0)
+        log_file.rename(tmp_path / "access.jsonl.1")
+        time.sleep(1.1)  # the path is looked at once a second
+        spaced = httpx.post(f"{server.url}/v1/embeddings", content=b'\n {"model": "slow", '
+                            b'"input": ["x"]}', headers={"x-request-id": "spaced"})
+        assert spaced.status_code == 200
+    finally:
+        stop_server(server)
+    before = {line["id"]: line for line in map(
+        orjson.loads, (tmp_path / "access.jsonl.1").read_bytes().splitlines())}
+    after = {line["id"]: line for line in map(orjson.loads, log_file.read_bytes().splitlines())}
+    assert before["too-big"]["status"] == 413
+    assert before["left"]["status"] == 499
+    assert after["spaced"]["model"] == "slow" and "spaced" not in before

@@ -3,11 +3,16 @@ status, bytes in and out, and milliseconds in the application.
 
 Off by default, and then nothing is paid. On, a line costs one small `orjson.dumps` and one
 `write` system call (unbuffered, so `tail -f` sees every request as it ends and a crash loses
-none); its cost is measured in BENCHMARKS.md.
+none); its cost is measured in BENCHMARKS.md. A file moved away (logrotate's `create`) is
+followed by a new one within a second; one that cannot be written is said once a minute.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +22,8 @@ import orjson
 
 from queryserve.errors import ServeError
 from queryserve.server.http import Request, Response
+
+log = logging.getLogger(__name__)
 
 
 def open_log_file(target: str) -> IO[bytes]:
@@ -31,10 +38,21 @@ def open_log_file(target: str) -> IO[bytes]:
         raise ServeError(f"cannot write the access log {target}: {exc.strerror or exc}") from None
 
 
+REOPEN_CHECK_S = 1.0
+"""How often the file's path is checked against the file written to: logrotate's `create`
+renames the file and makes a new one; written on through the old descriptor, every line went
+to the renamed file, then nowhere once it was deleted (its space never freed)."""
+WARN_EVERY_S = 60.0
+
+
 class AccessLog:
     def __init__(self, target: str) -> None:
         """`target`: a file to append to, or `-` for standard error."""
+        self.target = target
         self.stream: IO[bytes] = sys.stderr.buffer if target == "-" else open_log_file(target)
+        self.checked_at = time.monotonic()
+        self.failures = 0
+        self.warned_at = -math.inf
 
     def write(self, request: Request, response: Response, seconds: float) -> None:
         model = request.model if request.model is not None else _body_model(request)
@@ -44,12 +62,32 @@ class AccessLog:
             "status": response.status, "bytes_in": len(request.body),
             "bytes_out": len(response.body), "ms": round(seconds * 1000, 3)},
             option=orjson.OPT_APPEND_NEWLINE)
+        now = time.monotonic()
+        if self.target != "-" and now - self.checked_at >= REOPEN_CHECK_S:
+            self.checked_at = now
+            self._reopen_if_moved()
         try:
             self.stream.write(line)
             if self.stream is sys.stderr.buffer:
                 self.stream.flush()
-        except OSError:  # a full disk or a closed pipe must not fail the request it logs
-            pass
+        except OSError as exc:  # a full disk or a closed pipe must not fail the request
+            self.failures += 1
+            if now - self.warned_at >= WARN_EVERY_S:  # said, at most once a minute
+                self.warned_at = now
+                log.warning("the access log %s cannot be written (%s): %d line(s) lost so "
+                            "far", self.target, exc.strerror or exc, self.failures)
+
+    def _reopen_if_moved(self) -> None:
+        try:
+            on_disk = os.stat(self.target)
+            moved = not os.path.samestat(on_disk, os.fstat(self.stream.fileno()))
+        except OSError:
+            moved = True  # deleted (or renamed away): a new file at the path
+        if moved:
+            with contextlib.suppress(ServeError):
+                fresh = open_log_file(self.target)
+                self.stream.close()
+                self.stream = fresh
 
     def close(self) -> None:
         if self.stream is not sys.stderr.buffer:
@@ -58,7 +96,7 @@ class AccessLog:
 
 def _body_model(request: Request) -> str | None:
     """The `model` a JSON body names (OpenAI's routes, the task routes); None otherwise."""
-    if not request.body.startswith(b"{"):
+    if request.body[:64].lstrip()[:1] != b"{":  # JSON may begin with whitespace
         return None
     try:
         body = orjson.loads(request.body)

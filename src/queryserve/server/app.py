@@ -11,6 +11,7 @@ another, and the transport (`http.py`) knows none of them.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import secrets
@@ -25,6 +26,9 @@ from queryserve.server.routing import Router
 from queryserve.server.security import PUBLIC_PREFIX, AccessControl, valid_id
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
+
+CLIENT_CLOSED = 499
+"""nginx's status for a request whose client closed the connection before its answer."""
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,15 @@ class ServerApp:
             log.exception("error answering %s %s (request %s)", request.method[:20],
                           request.path[:200], request.id)
             response = error_response(request.path, QueryServeError("internal server error"))
+        except asyncio.CancelledError:
+            # The client left before its answer: logged and traced as nginx logs it (499),
+            # or it vanished from every record, when clients timing out is what to look for.
+            gone = Response(CLIENT_CLOSED)
+            if access_log is not None:
+                access_log.write(request, gone, time.perf_counter() - started)
+            if tracing is not None:
+                tracing.end(span, request, gone)
+            raise
         self._sign(response, request.id, origin)
         if access_log is not None:
             access_log.write(request, response, time.perf_counter() - started)
@@ -83,7 +96,12 @@ class ServerApp:
         error = QueryServeError(message)
         error.http_status = status
         response = error_response(path, error)
-        self._sign(response, self._new_id(), headers.get("origin"))
+        given = headers.get("x-request-id")  # as far as the head was read
+        request_id = given if given is not None and valid_id(given) else self._new_id()
+        self._sign(response, request_id, headers.get("origin"))
+        if self.access_log is not None:  # an operator looks for these ("why did it fail")
+            self.access_log.write(Request("-", path, "", headers, b"", request_id), response,
+                                  0.0)
         return response
 
     def _new_id(self) -> str:
