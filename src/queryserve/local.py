@@ -12,7 +12,9 @@ and the tests run what is served, not a copy of it that could drift from it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -22,12 +24,13 @@ import numpy as np
 
 from queryserve.api import Embeddings, Inputs
 from queryserve.config import MODEL_FILE, TensorSpec, load_model_config
-from queryserve.errors import ConfigError
-from queryserve.model import Model
+from queryserve.errors import ConfigError, QueryServeError
+from queryserve.model import Model, check_answers
 from queryserve.repository import ModelRepository, available_cores
 from queryserve.types import Array
 
 Res = TypeVar("Res")
+T = TypeVar("T")
 
 PART = 2048
 """Rows per request in `infer_parts`: a progress bar moves every part, and a part is long
@@ -35,15 +38,45 @@ enough for the length sort to leave little padding."""
 
 
 class LocalModel(Generic[Res]):
-    """A model answering in this process; close it (or use `with`) to release its sessions."""
+    """A model answering in this process; close it (or use `with`) to release its sessions.
+    Any thread may call it, one request at a time; from code that runs an event loop itself
+    (Jupyter, an async application), through a thread: `await asyncio.to_thread(model.infer,
+    inputs)`."""
 
     def __init__(self, model: Model[Res]) -> None:
         self.model = model
         self._loop = asyncio.new_event_loop()
+        self._turn = threading.Lock()  # the loop runs one request at a time
 
     def infer(self, inputs: Inputs) -> Res:
-        """One request's answer. Call it from code that is not itself running an event loop."""
-        return self._loop.run_until_complete(self.model.infer(inputs))
+        """One request's answer."""
+        return self._run(self.model.infer(inputs))
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` to its end on the model's loop. Interrupted (Ctrl-C), it is cancelled: left
+        queued, it slowed every later call and `close` finished it."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            work.close()
+            raise QueryServeError("this thread runs an event loop (Jupyter, async code): call "
+                                  "the model through a thread, `await asyncio.to_thread("
+                                  "model.infer, inputs)`")
+        with self._turn:
+            if self._loop.is_closed():
+                work.close()
+                raise QueryServeError("the model is closed")
+            task = self._loop.create_task(work)
+            try:
+                return self._loop.run_until_complete(task)
+            except BaseException:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        self._loop.run_until_complete(task)
+                raise
 
     def infer_parts(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                     on_rows: Callable[[int], None] | None = None) -> list[Res]:
@@ -60,9 +93,11 @@ class LocalModel(Generic[Res]):
 
     def close(self) -> None:
         """Run what is queued to the end, then release the sessions and threads."""
-        if not self._loop.is_closed():
-            self._loop.run_until_complete(self.model.close())
-            self._loop.close()
+        with self._turn:
+            if not self._loop.is_closed():
+                # On the loop: a model that never ran a request has no loop of its own yet.
+                self._loop.run_until_complete(_closed(self.model))
+                self._loop.close()
 
     def __enter__(self) -> LocalModel[Res]:
         return self
@@ -90,9 +125,15 @@ def open_model(folder: Path, answers: type[Res], *, threads: int | None = None,
     # activations, are the same whatever the cores (a one-core Ray worker and a 16-core run of
     # the batch job give the same probabilities), and a long offline request keeps it busy.
     config = replace(config, instance_group=replace(config.instance_group, count=1))
+    # Checked before it is built: built first, each refusal kept a thread and its sessions.
+    check_answers(config, answers, f"open_model({folder})")
     repository = ModelRepository(folder.parent, cores=threads or available_cores())
     model: Model[Any] = repository.assemble(config)
-    return LocalModel(model.answering(answers, f"open_model({folder})"))
+    return LocalModel(model)
+
+
+async def _closed(model: Model[Any]) -> None:
+    await model.close()
 
 
 def embed(folder: Path, texts: Sequence[str], *, threads: int | None = None,
@@ -102,4 +143,5 @@ def embed(folder: Path, texts: Sequence[str], *, threads: int | None = None,
     job's embedding."""
     with open_model(folder, Embeddings, threads=threads, encoder=True) as model:
         parts = [answer.vectors for answer in model.infer_parts(texts, on_rows=on_rows)]
-    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+        width = max(model.model.config.outputs[0].dims[-1], 0)
+    return np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.float32)

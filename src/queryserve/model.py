@@ -69,6 +69,14 @@ class Pipeline(Protocol[Res]):
     def abort(self) -> None: ...
 
 
+def check_answers(config: ModelConfig, kind: type, route: str) -> None:
+    """Refuse a model of another kind than `route` serves (one answering `kind`)."""
+    if ANSWERS[config.pipeline] is not kind:
+        kinds = " and ".join(pipelines_answering(kind))
+        raise InvalidInput(f"model '{config.name}' is a {config.pipeline} model; {route} "
+                           f"serves {kinds} models only")
+
+
 @dataclass(eq=False)
 class Model(Generic[Res]):
     config: ModelConfig
@@ -108,10 +116,7 @@ class Model(Generic[Res]):
     def answering(self, kind: type[T], route: str) -> Model[T]:
         """This model, typed as one whose `infer` answers `kind`; a model of another kind is
         the client's mistake (it named the wrong model for the route)."""
-        if ANSWERS[self.config.pipeline] is not kind:
-            kinds = " and ".join(pipelines_answering(kind))
-            raise InvalidInput(f"model '{self.name}' is a {self.config.pipeline} model; {route} "
-                               f"serves {kinds} models only")
+        check_answers(self.config, kind, route)
         return self  # type: ignore[return-value]  # checked just above
 
 

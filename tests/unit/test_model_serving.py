@@ -4,15 +4,17 @@ each answered otherwise before)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from queryserve.api import Classifications, Inputs
-from queryserve.errors import ConfigError
+from queryserve.api import Classifications, Embeddings, Inputs
+from queryserve.errors import ConfigError, InvalidInput, QueryServeError
 from queryserve.local import open_model
 from queryserve.repository import ModelRepository
 from queryserve.scheduling.cache import LruCache
@@ -81,3 +83,39 @@ def test_a_model_that_fails_to_be_made_leaves_no_thread(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=r"calibration\.json: cannot read it as JSON"):
             repository.build("cls")
     assert threading.active_count() == before
+
+
+def test_a_local_model_as_a_notebook_uses_it(tmp_path: Path) -> None:
+    """The observability walk's findings on `queryserve.local`, each answered otherwise
+    before (in brackets)."""
+    folder = tmp_path / "cls"
+    folder.mkdir()
+    shutil.copy(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "model.yaml").write_text(CLASSIFIER)
+    # Opened and closed without a request ("no running event loop", the model leaked).
+    with open_model(folder, Classifications):
+        pass
+    # The wrong kind is refused before the model is built (a thread and its sessions kept).
+    before = threading.active_count()
+    for _ in range(3):
+        with pytest.raises(InvalidInput, match="is a text_classification model"):
+            open_model(folder, Embeddings)
+    assert threading.active_count() == before
+    local = open_model(folder, Classifications)
+    # Threads take turns ("This event loop is already running" for two of three).
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda text: local.infer(Inputs([text])), ["a", "b", "c"]))
+    assert [a.probabilities.shape for a in answers] == [(1, 4)] * 3
+
+    # From code running a loop (Jupyter), said what to do ("Cannot run the event loop while
+    # another loop is running").
+    async def in_a_notebook() -> None:
+        with pytest.raises(QueryServeError, match=r"asyncio\.to_thread"):
+            local.infer(Inputs(["a"]))
+        assert (await asyncio.to_thread(local.infer, Inputs(["a"]))).probabilities.shape == (1, 4)
+
+    asyncio.run(in_a_notebook())
+    local.close()
+    local.close()
+    with pytest.raises(QueryServeError, match="the model is closed"):  # ("Event loop is closed")
+        local.infer(Inputs(["a"]))
