@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import threading
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -435,6 +436,38 @@ async def test_a_body_in_tiny_chunks_is_held_in_one_buffer() -> None:
             tracemalloc.stop()
         assert (status, orjson.loads(body)["body"]) == (200, content.decode())
         assert peak < 8_000_000, peak  # the list of pieces: 13.7 MB
+        writer.close()
+
+
+@on_uvloop
+async def test_a_body_in_tiny_chunks_does_not_hold_other_clients() -> None:
+    """Regression: libuv reads up to 32 x 256 KiB a turn of the loop, and every 2-byte chunk
+    is a parser callback: an 8 MB body sent so held every other client for 0.8 s (the normal
+    client's p99 in RELIABILITY.md section 4: 785 ms). A connection now parses 64 KiB a turn."""
+    async with serving(Echo(), max_body_bytes=16_000_000) as (_, port):
+        raw = (b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+               + b"2\r\nab\r\n" * 2_000_000 + b"0\r\n\r\n")
+        answer: list[bytes] = []
+
+        def send() -> None:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(raw)
+                answer.append(sock.recv(12))
+
+        sender = threading.Thread(target=send)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sender.start()
+        waits = []
+        while sender.is_alive():
+            started = time.perf_counter()
+            writer.write(get("/"))
+            assert (await read_response(reader))[0] == 200
+            waits.append(time.perf_counter() - started)
+            await asyncio.sleep(0.01)
+        sender.join()
+        assert answer == [b"HTTP/1.1 200"]
+        print(f"{len(waits)} probes, the longest {max(waits) * 1000:.1f} ms")
+        assert max(waits) < 0.1, max(waits)
         writer.close()
 
 
