@@ -36,12 +36,14 @@ from queryserve.server.request_parser import RequestParser
 from queryserve.server.response_queue import ResponseQueue
 
 FEED_BYTES = 8 * 1024  # the most fed to the parser at a time
-TURN_BYTES = 64 * 1024
+TURN_BYTES = 16 * 1024
 """The most parsed for one connection in one turn of the event loop; the rest waits for the
 next turn, reading paused. libuv reads up to 32 times 256 KiB in one turn, and a body in 2-byte
 chunks costs the parser a callback each: one 8 MB such body held every other client for 0.8 s
-(RELIABILITY.md section 4: the normal client's p99 785 ms). A turn's 64 KiB of 2-byte chunks
-parse in about 2 ms."""
+(RELIABILITY.md section 4: the normal client's p99 785 ms; parsed a turn's share at a time, 42
+ms, on 2 cores that the body's sender shares: the same at 64 KiB and 16 KiB). A turn's 16 KiB
+of 2-byte chunks parse in about 1 ms; an 8 MB plain body takes 512 turns, each a few
+microseconds of the loop's own."""
 
 
 class ConnectionOwner(Protocol):
