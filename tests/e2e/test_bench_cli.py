@@ -208,3 +208,26 @@ def test_recommend_measures_points_writes_the_winner_and_resumes(tmp_path: Path)
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("measured in an earlier run") == 4
     assert time.monotonic() - t0 < 20
+
+
+def test_recommend_with_no_point_served_exits_1(tmp_path: Path) -> None:
+    """Regression: every point failed to load and recommend exited 0 (bench exits 1 when
+    nothing was measured); each point also waited 180 s for its failed model."""
+    served = json.loads((ROOT / "model_repository" / "embed" / "prepare.json").read_text())
+    broken = tmp_path / "repository" / "embed"
+    (broken / "variants").mkdir(parents=True)
+    for entry in (ROOT / "model_repository" / "embed").rglob("*"):
+        if entry.is_file():
+            (broken / entry.relative_to(ROOT / "model_repository" / "embed")).symlink_to(entry)
+    (broken / "model.onnx").unlink()
+    (broken / "model.onnx").write_bytes(b"not a graph")  # the chosen variant, served
+    run = queryserve("recommend", "--repository", str(tmp_path / "repository"), "--precisions",
+                     served["chosen"], "--layouts", "1x1", "--workers", "1",
+                     "--max-batch-sizes", "64", "--delays-us", "0", "--overheads", "4",
+                     "--p99-ms", "1000", "--start-rate", "20", "--max-rate", "40",
+                     "--step-duration", "0.5", "--out", str(tmp_path / "out"), "--no-progress",
+                     timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert "no configuration served a rate under the bar" in run.stderr
+    assert "failed to load" in run.stdout + run.stderr
+

@@ -25,7 +25,7 @@ from queryserve.bench.loadgen import (
     run_open_loop,
     run_sync,
 )
-from queryserve.bench.loadgen.requests import _parse_url
+from queryserve.bench.loadgen.requests import parse_target
 from queryserve.bench.search import passes, search_max_rate
 
 BODIES = [b'{"inputs":[{"name":"text","shape":[1],"datatype":"BYTES","data":["hi"]}]}']
@@ -225,14 +225,14 @@ def test_closed_loop_counts_dropped_connections_and_goes_on(instant_server: Star
 
 def test_only_loopback_targets_are_accepted() -> None:
     with pytest.raises(ValueError):
-        _parse_url("http://example.com/v2/models/embed/infer")
+        parse_target("http://example.com/v2/models/embed/infer")
     with pytest.raises(ValueError):
-        _parse_url("https://127.0.0.1/")
-    assert _parse_url("http://127.0.0.1:8000/v1/embeddings").port == 8000
+        parse_target("https://127.0.0.1/")
+    assert parse_target("http://127.0.0.1:8000/v1/embeddings").port == 8000
 
 
 def test_requests_are_well_formed_http() -> None:
-    target = _parse_url("http://127.0.0.1:8000/v1/embeddings")
+    target = parse_target("http://127.0.0.1:8000/v1/embeddings")
     [raw] = build_requests(target, [b'{"input":["x"]}'], {"X-Test": "1"})
     seen: dict[str, object] = {}
 

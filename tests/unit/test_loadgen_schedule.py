@@ -11,7 +11,7 @@ import pytest
 
 from queryserve.bench.loadgen.open_loop import _Run
 from queryserve.bench.loadgen.recorder import _histogram_us, _percentiles_ms, _timeline
-from queryserve.bench.loadgen.requests import _parse_url
+from queryserve.bench.loadgen.requests import parse_target
 
 MS = 1_000_000  # nanoseconds
 
@@ -32,7 +32,7 @@ def make_run(rate: float, *, poisson: bool = False) -> tuple[_Run, FakeLoop, lis
     async def build() -> _Run:
         # No connection may be opened (max_connections=0): every request waits in `pending`
         # with its clock start, measured flag and scheduled time, which is what we check.
-        return _Run(_parse_url("http://127.0.0.1:1/x"), [b"x"], rate, poisson, 3, 0,
+        return _Run(parse_target("http://127.0.0.1:1/x"), [b"x"], rate, poisson, 3, 0,
                     clock=lambda: now[0])
 
     run = asyncio.run(build())

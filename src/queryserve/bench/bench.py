@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from queryserve.bench.first_request import check_first_request
 from queryserve.bench.loadgen import LoadResult, run_closed_loop, run_open_loop, run_sync
+from queryserve.bench.loadgen.requests import parse_target
 from queryserve.bench.payloads import DEFAULT_PATHS, Payloads
 from queryserve.bench.search import (
     StopConditions,
@@ -277,6 +278,9 @@ def run_bench(plan: BenchPlan, observer: StepObserver | None = None) -> dict[str
     outcome: dict[str, Any] = {"steps": steps, "search": None}
     ended: str | None = None  # why the run ended before its plan did
     try:
+        # Loopback only, checked before anything is sent: the first request and the server's
+        # statistics went out to any host before the load generator refused it.
+        parse_target(plan.url, "grpc" if plan.protocol == "grpc" else "http")
         check_first_request(plan.url, plan.protocol, plan.payloads, plan.headers)
         outcome = run_sync(_run_steps(plan, observer or StepObserver(), steps))
     except (ConnectionRefusedError, OSError) as exc:

@@ -377,3 +377,6 @@ def run_recommend_command(args: argparse.Namespace) -> None:
         path.write_text(results["best_model_yaml"])
         written.append(path)
     print_recommendation(results, [str(p) for p in written], Console())
+    if not any(p.get("max_rate") for p in results["points"]):  # a script gates on the status
+        raise BenchError(f"no configuration served a rate under the bar; the points and their "
+                         f"errors are in {args.out}")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from queryserve.bench.loadgen.connection import _Conn
 from queryserve.bench.loadgen.recorder import _NS, LoadResult, _Recorder, _result
-from queryserve.bench.loadgen.requests import _parse_url, _Target, build_requests
+from queryserve.bench.loadgen.requests import _Target, build_requests, parse_target
 from queryserve.bench.loadgen.runner import _drive
 
 
@@ -156,7 +156,7 @@ async def run_closed_loop(
     ``spawn_rate`` more users joining per second. ``target_rate`` in the result is 0."""
     if users < 1 or duration_s <= 0 or warmup_s < 0 or spawn_rate < 0:
         raise ValueError("users must be >= 1, duration > 0, warmup and spawn rate >= 0")
-    target = _parse_url(url)
+    target = parse_target(url)
     requests = build_requests(target, bodies, headers, content_type, body_headers)
     # Fail fast if nothing listens, rather than erroring every request.
     transport, _ = await asyncio.get_running_loop().create_connection(

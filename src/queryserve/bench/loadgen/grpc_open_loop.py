@@ -24,7 +24,7 @@ import grpc
 
 from queryserve.bench.loadgen.open_loop import _Run
 from queryserve.bench.loadgen.recorder import LoadResult, _result
-from queryserve.bench.loadgen.requests import _parse_url, _Target
+from queryserve.bench.loadgen.requests import _Target, parse_target
 from queryserve.bench.loadgen.runner import _drive
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -126,7 +126,7 @@ async def run_grpc_open_loop(
         raise ValueError("rate and duration must be > 0, warmup >= 0")
     if not bodies:
         raise ValueError("need at least one request body")
-    target = _parse_url(url, scheme="grpc")
+    target = parse_target(url, scheme="grpc")
     host = f"[{target.host}]" if ":" in target.host else target.host
     channels = [grpc.aio.insecure_channel(f"{host}:{target.port}", options=[
         ("grpc.use_local_subchannel_pool", 1),  # one TCP connection per channel, not shared

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from queryserve.bench.loadgen.connection import Connection, _Conn
 from queryserve.bench.loadgen.recorder import _NS, LoadResult, _Recorder, _result
-from queryserve.bench.loadgen.requests import _parse_url, _Target, build_requests
+from queryserve.bench.loadgen.requests import _Target, build_requests, parse_target
 from queryserve.bench.loadgen.runner import _drive
 
 # uvloop timers have millisecond resolution and fire up to ~1-2 ms early or
@@ -257,7 +257,7 @@ async def run_open_loop(
     """
     if rate <= 0 or duration_s <= 0 or warmup_s < 0:
         raise ValueError("rate and duration must be > 0, warmup >= 0")
-    target = _parse_url(url)
+    target = parse_target(url)
     run = _Run(
         target,
         build_requests(target, bodies, headers, content_type, body_headers),

@@ -20,7 +20,7 @@ class _Target:
     path: str
 
 
-def _parse_url(url: str, scheme: str = "http") -> _Target:
+def parse_target(url: str, scheme: str = "http") -> _Target:
     """Split ``http://127.0.0.1:PORT/path`` (or ``grpc://127.0.0.1:PORT``); only loopback
     targets are allowed."""
     parts = urlsplit(url)
