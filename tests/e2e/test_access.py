@@ -266,7 +266,7 @@ def test_the_access_log_keeps_refusals_departures_and_follows_rotation(
     """Regression (the observability walk): a request the transport refused (413, 431...)
     was in no log, and its answer bore a new id, not the client's; a client that left before
     its answer vanished (nginx logs a 499); after logrotate's rename every line went to the
-    renamed file; a body beginning with whitespace lost its model."""
+    renamed file; a body beginning with whitespace lost its model; HEAD was logged as GET."""
     write_fake_model(tmp_path, "slow", delay_ms=600)
     log_file = tmp_path / "access.jsonl"
     server = start_server(tmp_path, tmp_path / "server.log", "--access-log", str(log_file),
@@ -287,6 +287,10 @@ def test_the_access_log_keeps_refusals_departures_and_follows_rotation(
         spaced = httpx.post(f"{server.url}/v1/embeddings", content=b'\n {"model": "slow", '
                             b'"input": ["x"]}', headers={"x-request-id": "spaced"})
         assert spaced.status_code == 200
+        # HEAD was logged as GET, with the bytes of a body it did not send.
+        head = httpx.head(f"{server.url}/v1/models", headers={"x-request-id": "head"})
+        assert head.status_code == 200 and head.content == b""
+        assert int(head.headers["content-length"]) > 0
     finally:
         stop_server(server)
     before = {line["id"]: line for line in map(
@@ -295,3 +299,4 @@ def test_the_access_log_keeps_refusals_departures_and_follows_rotation(
     assert before["too-big"]["status"] == 413
     assert before["left"]["status"] == 499
     assert after["spaced"]["model"] == "slow" and "spaced" not in before
+    assert (after["head"]["method"], after["head"]["bytes_out"]) == ("HEAD", 0)

@@ -60,7 +60,8 @@ class AccessLog:
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "id": request.id,
             "method": request.method[:20], "path": request.path[:200], "model": model,
             "status": response.status, "bytes_in": len(request.body),
-            "bytes_out": len(response.body), "ms": round(seconds * 1000, 3)},
+            "bytes_out": 0 if request.method == "HEAD" else len(response.body),
+            "ms": round(seconds * 1000, 3)},
             option=orjson.OPT_APPEND_NEWLINE)
         now = time.monotonic()
         if self.target != "-" and now - self.checked_at >= REOPEN_CHECK_S:

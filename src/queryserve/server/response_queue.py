@@ -141,9 +141,7 @@ class ResponseQueue:
 
     def _start_next(self) -> None:
         request, keep_alive = self.pending.popleft()
-        head = request.method == "HEAD"  # answered as GET, without the body (RFC 9110 9.3.2)
-        if head:
-            request.method = "GET"
+        head = request.method == "HEAD"  # the router answers it as GET: sent without the body
         task = self.loop.create_task(self.handler(request))
         self.current = task
         task.add_done_callback(lambda done: self._finished(done, keep_alive, head))

@@ -40,19 +40,22 @@ class Router:
 
     async def __call__(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
+        # HEAD is answered as GET (the transport sends no body, RFC 9110 9.3.2); the request
+        # keeps its method for the access log and the span.
+        method = "GET" if request.method == "HEAD" else request.method
         handlers = self.exact.get(path)
         if handlers is not None:
-            handler = handlers.get(request.method)
+            handler = handlers.get(method)
             if handler is None:
                 raise _not_allowed(request, handlers)
             return await handler(request)
         for pattern, by_method in self.patterns:
             if match := pattern.fullmatch(path):
-                if request.method not in by_method:
+                if method not in by_method:
                     raise _not_allowed(request, by_method)
                 groups = match.groupdict()
                 request.model = groups.get("name")
-                return await by_method[request.method](request, **groups)
+                return await by_method[method](request, **groups)
         raise NotFound(f"no route {request.method} {path[:200]}")
 
 
