@@ -167,6 +167,7 @@ def test_items_whose_clients_left_take_no_place_in_the_queue() -> None:
     b.add(gone)
     for abandoned in gone:
         abandoned.ticket.cancel()
+    assert (len(b), b.waiting()) == (2, 0)  # the depth a scrape reads: nobody waits
     b.add([item("live")])
     assert names(b.cut(0.0).batch) == ["live"]
 

@@ -77,6 +77,12 @@ class DynamicBatcher(Generic[P]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    def waiting(self) -> int:
+        """Items whose clients still wait (a scrape's queue depth): those that left stay
+        queued until an instance frees up, and counted, a gauge showed a full queue that
+        nobody waited on."""
+        return sum(not item.ticket.done() for item in self._queue)
+
     def add(self, items: list[QueuedItem[P]], admitted: bool = False) -> None:
         """Queue one request's items, or reject them all when they do not fit (admission
         control). An empty queue takes a turn of any size, so a large one is never starved;

@@ -169,7 +169,8 @@ class Scheduler(Generic[P, R]):
 
     @property
     def queue_depth(self) -> int:
-        return len(self.batcher)
+        """Items waiting for a batch, for the metrics (read per scrape, not per request)."""
+        return self.batcher.waiting()
 
     @property
     def turn_items(self) -> int:
