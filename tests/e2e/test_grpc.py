@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
@@ -440,3 +441,27 @@ def test_a_taken_grpc_port_is_an_error_that_names_it(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert f"cannot listen for gRPC on {address}" in done.stderr
+
+
+def test_grpc_calls_are_in_the_access_log_with_a_request_id(tmp_path: Path) -> None:
+    """Regression (the observability walk): gRPC calls left no access-log line, and a call
+    without `x-request-id` got none back (HTTP always answers with one)."""
+    write_fake_model(tmp_path, "fast")
+    log_file = tmp_path / "access.jsonl"
+    served = serve(tmp_path, "--access-log", str(log_file))
+    try:
+        stub = served.stub()
+        _, call = stub.ModelInfer.with_call(raw_request("fast", [b"a"]))
+        made = dict(call.trailing_metadata())["x-request-id"]
+        assert made
+        code, _ = code_of(stub.ModelInfer, raw_request("nothing", [b"a"]),
+                          metadata=[("x-request-id", "grpc-404")])
+        assert code == grpc.StatusCode.NOT_FOUND
+    finally:
+        stop_server(served.http)
+    lines = {line["id"]: line for line in map(orjson.loads, log_file.read_bytes().splitlines())}
+    ok = lines[made]
+    assert (ok["method"], ok["path"], ok["model"], ok["status"]) == (
+        "POST", "/inference.GRPCInferenceService/ModelInfer", "fast", 200)
+    assert ok["bytes_in"] > 0 and ok["bytes_out"] > 0
+    assert (lines["grpc-404"]["status"], lines["grpc-404"]["model"]) == (404, "nothing")

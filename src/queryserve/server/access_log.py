@@ -56,12 +56,18 @@ class AccessLog:
 
     def write(self, request: Request, response: Response, seconds: float) -> None:
         model = request.model if request.model is not None else _body_model(request)
+        self.line(request.id, request.method, request.path, model, response.status,
+                  len(request.body), 0 if request.method == "HEAD" else len(response.body),
+                  seconds)
+
+    def line(self, request_id: str, method: str, path: str, model: str | None, status: int,
+             bytes_in: int, bytes_out: int, seconds: float) -> None:
+        """One request's line: an HTTP request's (`write`), or a gRPC call's (`POST` and the
+        call's path, as nginx logs gRPC; its status as the same error's over HTTP)."""
         line = orjson.dumps({
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "id": request.id,
-            "method": request.method[:20], "path": request.path[:200], "model": model,
-            "status": response.status, "bytes_in": len(request.body),
-            "bytes_out": 0 if request.method == "HEAD" else len(response.body),
-            "ms": round(seconds * 1000, 3)},
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "id": request_id,
+            "method": method[:20], "path": path[:200], "model": model, "status": status,
+            "bytes_in": bytes_in, "bytes_out": bytes_out, "ms": round(seconds * 1000, 3)},
             option=orjson.OPT_APPEND_NEWLINE)
         now = time.monotonic()
         if self.target != "-" and now - self.checked_at >= REOPEN_CHECK_S:

@@ -12,9 +12,7 @@ another, and the transport (`http.py`) knows none of them.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import secrets
 import time
 
 from queryserve.errors import QueryServeError
@@ -23,7 +21,7 @@ from queryserve.server import kserve_http, metrics, openai, openai_protocol, pag
 from queryserve.server.access_log import AccessLog
 from queryserve.server.http import Request, Response, json_error
 from queryserve.server.routing import Router
-from queryserve.server.security import PUBLIC_PREFIX, AccessControl, valid_id
+from queryserve.server.security import PUBLIC_PREFIX, AccessControl
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
 
@@ -44,19 +42,16 @@ class ServerApp:
         self.router = Router()
         for front_end in FRONT_ENDS:
             front_end.add_routes(self.router, self.state)
-        self.access_log = access_log
+        self.access_log = self.state.access_log = access_log
         self.tracing = tracing
-        # Request ids made here are this process's random prefix and a counter: unique across
-        # restarts and replicas, and cheaper than a uuid4 per request.
-        self._ids = itertools.count(1)
-        self._id_prefix = secrets.token_hex(4)
+        self.request_ids = self.state.request_ids
 
     async def __call__(self, request: Request) -> Response:
         access_log = self.access_log
         started = time.perf_counter() if access_log is not None else 0.0
         headers = request.headers
         given = headers.get("x-request-id")
-        request.id = given if given is not None and valid_id(given) else self._new_id()
+        request.id = self.request_ids.of(given)
         tracing = self.tracing
         span = tracing.start(request) if tracing is not None else None
         origin = headers.get("origin")
@@ -96,16 +91,12 @@ class ServerApp:
         error = QueryServeError(message)
         error.http_status = status
         response = error_response(path, error)
-        given = headers.get("x-request-id")  # as far as the head was read
-        request_id = given if given is not None and valid_id(given) else self._new_id()
+        request_id = self.request_ids.of(headers.get("x-request-id"))  # as far as it was read
         self._sign(response, request_id, headers.get("origin"))
         if self.access_log is not None:  # an operator looks for these ("why did it fail")
             self.access_log.write(Request("-", path, "", headers, b"", request_id), response,
                                   0.0)
         return response
-
-    def _new_id(self) -> str:
-        return f"{self._id_prefix}-{next(self._ids):x}"
 
     def _sign(self, response: Response, request_id: str, origin: str | None) -> None:
         """What every answer carries: its request id, and CORS headers for an allowed page."""

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import itertools
 import re
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,6 +47,22 @@ def valid_id(value: str) -> bool:
     ASCII only, and not too long."""
     return 0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii() and value.isprintable() \
         and " " not in value
+
+
+class RequestIds:
+    """The request id of every answer, HTTP and gRPC: the client's when it may be echoed,
+    else one made here, this process's random prefix and a counter (unique across restarts
+    and replicas, and cheaper than a uuid4 per request)."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count(1)
+        self._prefix = secrets.token_hex(4)
+
+    def of(self, given: str | None) -> str:
+        return given if given is not None and valid_id(given) else self.new()
+
+    def new(self) -> str:
+        return f"{self._prefix}-{next(self._count):x}"
 
 
 def is_loopback(host: str) -> bool:

@@ -18,7 +18,8 @@ from queryserve.api import Inputs, decode_texts
 from queryserve.errors import InvalidInput, NotFound, PayloadTooLarge, QueryServeError
 from queryserve.model import AnyModel, Model
 from queryserve.repository import VERSION, ModelRepository, shown
-from queryserve.server.security import AccessControl
+from queryserve.server.access_log import AccessLog
+from queryserve.server.security import AccessControl, RequestIds
 from queryserve.server.snapshot import (
     ModelFigures,
     Snapshot,
@@ -117,6 +118,10 @@ class ServerState:
     aliases: dict[str, str] = field(default_factory=dict)
     """Served model names (`--served-model-name ALIAS=MODEL`): what clients may call a model,
     e.g. `text-embedding-3-small` for `embed`."""
+
+    access_log: AccessLog | None = None
+    """`--access-log`: a line per request, HTTP and gRPC alike."""
+    request_ids: RequestIds = field(default_factory=RequestIds)
 
     siblings: Siblings | None = None
     """With `--workers N`, the other workers: readiness, statistics and the repository's

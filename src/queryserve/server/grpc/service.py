@@ -17,8 +17,10 @@ What every RPC goes through, in one place (`_answering`):
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -30,10 +32,11 @@ from queryserve.errors import InvalidInput, QueryServeError
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
 from queryserve.server.kserve_service import KServeService
-from queryserve.server.security import valid_id
 from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # as the HTTP access log has it (nginx's status for a client gone)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -67,28 +70,52 @@ async def abort(context: Any, code: grpc.StatusCode, message: str,
 
 
 def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
+    path = f"/inference.GRPCInferenceService/{handler.__name__}"
+
     @functools.wraps(handler)
     async def answer(service: InferenceService, request: Req, context: Any) -> Resp:
+        state = service.state
+        started = time.perf_counter()
         metadata = dict(context.invocation_metadata() or ())  # gRPC keys are lower-case
-        # A client's request id comes back in the trailers, as HTTP echoes x-request-id.
-        given = metadata.get("x-request-id")
-        echoed = (("x-request-id", given),) if given is not None and valid_id(given) else ()
+        # The request id comes back in the trailers, as HTTP's x-request-id: the client's, or
+        # one made here (none was, and a call could not be found in the access log).
+        request_id = state.request_ids.of(metadata.get("x-request-id"))
+        echoed = (("x-request-id", request_id),)
+        status, sent = 200, None
         try:
             if keyed:
-                service.state.auth.check_key(metadata.get("authorization"), grpc=True)
+                state.auth.check_key(metadata.get("authorization"), grpc=True)
             if isinstance(request, Malformed):
                 raise InvalidInput(f"the request message does not parse: {request.error}")
-            if echoed:
-                context.set_trailing_metadata(echoed)
-            return await handler(service, request)
+            context.set_trailing_metadata(echoed)
+            sent = await handler(service, request)
+            return sent
         except QueryServeError as exc:
+            status = exc.http_status
             await abort(context, grpc.StatusCode[exc.grpc_code], exc.message,
                         (*exc.headers.items(), *echoed))
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED  # the client left (or its deadline passed)
+            raise
         except Exception:
-            log.exception("error answering gRPC %s", handler.__name__)
+            status = 500
+            log.exception("error answering gRPC %s (request %s)", handler.__name__,
+                          request_id)
             await abort(context, grpc.StatusCode.INTERNAL, "internal server error", echoed)
+        finally:
+            if state.access_log is not None:
+                model = getattr(request, "model_name", None) or getattr(request, "name", None)
+                state.access_log.line(request_id, "POST", path, model or None, status,
+                                      _size(request), _size(sent),
+                                      time.perf_counter() - started)
 
     return answer
+
+
+def _size(message: object) -> int:
+    """A message's bytes on the wire (0: none, or one that did not parse)."""
+    size = getattr(message, "ByteSize", None)
+    return int(size()) if size is not None else 0
 
 
 def _rpc(handler: Handler[Req, Resp]) -> Rpc[Req, Resp]:
