@@ -151,6 +151,9 @@ class FakeContext:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.metadata
 
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing = metadata
+
     async def abort(self, code: grpc.StatusCode, details: str,
                     trailing_metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self.aborted = (code, details, trailing_metadata)
@@ -169,11 +172,11 @@ async def test_an_error_is_its_own_status_with_its_headers(tmp_path: Path,
         raise Unavailable("model 'x' is busy", retry_after_s=2)
 
     monkeypatch.setattr(served.state.repository, "index", busy)
-    context = FakeContext()
+    context = FakeContext(("x-request-id", "call-1"))
     with pytest.raises(Aborted):
         await served.RepositoryIndex(pb.RepositoryIndexRequest(), context)
     assert context.aborted == (grpc.StatusCode.UNAVAILABLE, "model 'x' is busy",
-                               (("retry-after", "2"),))
+                               (("retry-after", "2"), ("x-request-id", "call-1")))
 
 
 async def test_a_bug_is_internal_and_leaks_nothing(tmp_path: Path,
@@ -185,10 +188,11 @@ async def test_a_bug_is_internal_and_leaks_nothing(tmp_path: Path,
         raise RuntimeError("secret detail")
 
     monkeypatch.setattr(served.state.repository, "index", broken)
-    context = FakeContext()
+    context = FakeContext(("x-request-id", "call-2"))
     with caplog.at_level(logging.ERROR), pytest.raises(Aborted):
         await served.RepositoryIndex(pb.RepositoryIndexRequest(), context)
-    assert context.aborted == (grpc.StatusCode.INTERNAL, "internal server error", ())
+    assert context.aborted == (grpc.StatusCode.INTERNAL, "internal server error",
+                               (("x-request-id", "call-2"),))
     assert "secret detail" in caplog.text and "RepositoryIndex" in caplog.text
 
 
