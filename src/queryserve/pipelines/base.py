@@ -203,9 +203,9 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         # Cache keys are what the model reads, a pair's a tuple: keyed by the whole text, 40
         # texts of 2 MB held 150 MB; keyed "3:abcdef", a text had the pair ("abc", "def")'s
         # answer.
-        keys: Sequence[Hashable] = (
-            texts if pairs is None else list(zip(texts, pairs, strict=True)))
+        keys: Sequence[Hashable] = ()
         if self.cache is not None:
+            keys = texts if pairs is None else list(zip(texts, pairs, strict=True))
             misses, tokens = self._from_cache(keys, rows)
         if misses:
             fresh = [texts[i] for i in misses]

@@ -14,19 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from queryserve.errors import QueryServeError
 from queryserve.repository import ModelRepository
 from queryserve.server import kserve_http, metrics, openai, openai_protocol, pages, rerank, tasks
 from queryserve.server.access_log import AccessLog
 from queryserve.server.http import Request, Response, json_error
+from queryserve.server.http_types import CLIENT_CLOSED
 from queryserve.server.routing import Router
 from queryserve.server.security import PUBLIC_PREFIX, AccessControl
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
-
-CLIENT_CLOSED = 499
-"""nginx's status for a request whose client closed the connection before its answer."""
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,7 @@ class ServerApp:
         access_log = self.access_log
         started = time.perf_counter() if access_log is not None else 0.0
         headers = request.headers
-        given = headers.get("x-request-id")
-        request.id = self.request_ids.of(given)
+        request.id = self.request_ids.of(headers.get("x-request-id"))
         tracing = self.tracing
         span = tracing.start(request) if tracing is not None else None
         origin = headers.get("origin")
@@ -70,18 +68,20 @@ class ServerApp:
         except asyncio.CancelledError:
             # The client left before its answer: logged and traced as nginx logs it (499),
             # or it vanished from every record, when clients timing out is what to look for.
-            gone = Response(CLIENT_CLOSED)
-            if access_log is not None:
-                access_log.write(request, gone, time.perf_counter() - started)
-            if tracing is not None:
-                tracing.end(span, request, gone)
+            self._record(request, Response(CLIENT_CLOSED), started, span)
             raise
         self._sign(response, request.id, origin)
-        if access_log is not None:
-            access_log.write(request, response, time.perf_counter() - started)
-        if tracing is not None:
-            tracing.end(span, request, response)
+        if access_log is not None or tracing is not None:  # off: no call per request
+            self._record(request, response, started, span)
         return response
+
+    def _record(self, request: Request, response: Response, started: float,
+                span: Any) -> None:
+        """The request's access-log line and the end of its span, each when on."""
+        if self.access_log is not None:
+            self.access_log.write(request, response, time.perf_counter() - started)
+        if self.tracing is not None:
+            self.tracing.end(span, request, response)
 
     def refused(self, path: str, headers: dict[str, str], status: int,
                 message: str) -> Response:

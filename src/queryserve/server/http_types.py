@@ -46,6 +46,10 @@ RejectionReason = Literal[
     "evicted",  # closed at the cap to make room for a newcomer: silent, or idle between requests
 ]
 """Why the transport refused a request or a connection before any handler saw it."""
+
+CLIENT_CLOSED = 499
+"""nginx's status for a request whose client left before its answer: how the access log
+records one, over HTTP and gRPC alike."""
 REJECTION_REASONS: tuple[RejectionReason, ...] = get_args(RejectionReason)
 
 

@@ -31,12 +31,11 @@ from google.protobuf.message import DecodeError
 from queryserve.errors import InvalidInput, QueryServeError
 from queryserve.server.grpc import codec
 from queryserve.server.grpc.proto import grpc_service_pb2 as pb
+from queryserve.server.http_types import CLIENT_CLOSED
 from queryserve.server.kserve_service import KServeService
 from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
-
-CLIENT_CLOSED = 499  # as the HTTP access log has it (nginx's status for a client gone)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
