@@ -149,6 +149,21 @@ def test_items_past_their_deadline_expire_instead_of_running() -> None:
     assert len(b) == 1
 
 
+def test_items_are_due_at_their_deadline_until_a_batch_takes_them() -> None:
+    b = batcher(max_queue_delay_microseconds=0)
+    b.add([item("runs", deadline=0.5), item("later", deadline=2.0), item("never")])
+    b.add([item("soon", deadline=1.0)])
+    assert b.due(now=0.1) == ([], 0.5)
+    b.cut(now=0.1)  # one batch of all four: none of them can time out in the queue now
+    assert b.due(now=5.0) == ([], None)
+    left = FakeTicket()
+    b.add([item("a", deadline=3.0), item("b", deadline=3.5),
+           item("gone", deadline=2.5, ticket=left), item("c", deadline=4.0)])
+    left.cancelled = True
+    expired, wake = b.due(now=3.6)
+    assert names(expired) == ["a", "b"] and wake == 4.0
+
+
 def test_full_queue_rejects_a_whole_request() -> None:
     b = batcher(max_queue_size=3)
     b.add([item("a"), item("b")])

@@ -94,14 +94,33 @@ async def test_queue_full_rejects_and_queue_timeout_expires() -> None:
     backend = GatedBackend()
     scheduler = make(backend, max_queue_size=2)
     busy = scheduler.submit([1], [3])  # running: not in the queue
-    waiting = scheduler.submit([2, 3], [3, 3], timeout_s=1e-6)
+    waiting = scheduler.submit([2, 3], [3, 3], timeout_s=0.05)
     with pytest.raises(Overloaded):
         scheduler.submit([4], [3])
-    backend.gate.set()
-    await busy[0]
-    for future in waiting:  # 1 us timeout: long gone when the instance frees up
+    for future in waiting:
         with pytest.raises(RequestTimeout):
             await future
+    later = scheduler.submit([4], [3])  # the expired items hold no place in the queue
+    backend.gate.set()
+    assert [await busy[0], await later[0]] == [2, 8]
+    assert backend.batches == [[1], [4]]
+
+
+async def test_a_queued_request_times_out_at_its_deadline_while_the_instances_are_busy() -> None:
+    backend = GatedBackend()
+    scheduler = make(backend)
+    busy = scheduler.submit([1], [3])  # holds the only instance until the gate opens
+    waiting = scheduler.submit([2], [3], timeout_s=0.05)
+    kept = scheduler.submit([3], [3])
+    start = time.perf_counter()
+    with pytest.raises(RequestTimeout):
+        await asyncio.wait_for(waiting[0], timeout=1)
+    # Answered at its deadline, not when the instance freed up (it has not).
+    assert time.perf_counter() - start < 0.5 and not backend.gate.is_set()
+    assert scheduler.queue_depth == 1
+    backend.gate.set()
+    assert [await busy[0], await kept[0]] == [2, 6]
+    assert backend.batches == [[1], [3]]
 
 
 async def test_instances_run_batches_concurrently() -> None:

@@ -18,11 +18,14 @@ How a batch is cut (Triton's dynamic batcher, plus TEI/Infinity's token budget):
   formed, or when the oldest item has waited `max_queue_delay_microseconds`; otherwise the
   batcher asks to be woken at that moment.
 Items whose client has gone (their ticket is done: cancelled) are dropped here, before the model
-ever sees them; items past their deadline are returned as expired.
+ever sees them; items past their deadline are returned as expired, by the cut or, while every
+instance is busy, by `due(now)` at their deadline.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -73,6 +76,12 @@ class DynamicBatcher(Generic[P]):
         self.model = model
         self._delay_s = config.max_queue_delay_microseconds / 1e6
         self._queue: deque[QueuedItem[P]] = deque()
+        # The queued items that have a deadline, earliest first (a heap), so they are answered
+        # at it: a cut finds them only when an instance frees up, and a search's 50 ms budget
+        # was answered at 273 ms behind busy instances. An entry is stale once its item is
+        # answered or cut into a batch; stale entries leave as they reach the top.
+        self._deadlines: list[tuple[float, int, QueuedItem[P]]] = []
+        self._order = itertools.count()
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -97,6 +106,23 @@ class DynamicBatcher(Generic[P]):
             raise Overloaded(f"model '{self.model}' is overloaded: its queue holds "
                              f"{len(self._queue)} of at most {limit} items; retry later")
         self._queue.extend(items)
+        for item in items:
+            if item.deadline != math.inf:
+                heapq.heappush(self._deadlines, (item.deadline, next(self._order), item))
+
+    def due(self, now: float) -> tuple[list[QueuedItem[P]], float | None]:
+        """The queued items past their deadline (left queued: the scheduler fails them, and a
+        cut drops them), and the next deadline of one still queued, to be woken at."""
+        heap, expired = self._deadlines, []
+        while heap:
+            deadline, _, item = heap[0]
+            if item.ticket.done() or item.deadline != deadline:
+                heapq.heappop(heap)  # answered, gone, or cut into a batch: stale
+            elif deadline <= now:
+                expired.append(heapq.heappop(heap)[2])
+            else:
+                return expired, deadline
+        return expired, None
 
     def drain(self) -> list[QueuedItem[P]]:
         """Empty the queue, returning what waited (on unload)."""
@@ -115,6 +141,8 @@ class DynamicBatcher(Generic[P]):
             if preferred:
                 batch, full = _oldest_first(batch)[: preferred[-1]], True
         if full or now >= oldest.enqueued_at + self._delay_s:
+            for item in batch:
+                item.deadline = math.inf  # it runs now: it cannot time out in the queue
             chosen = {id(item) for item in batch}
             self._queue.extendleft(reversed([i for i in window if id(i) not in chosen]))
             return Cut(batch=batch, expired=expired)

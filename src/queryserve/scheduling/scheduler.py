@@ -231,6 +231,11 @@ class Scheduler(Generic[P, R]):
                     self._wake_at(cut.wake_at)
                 break
             self._dispatch(self._free.pop(), cut.batch)
+        # What still waits is answered at its deadline, busy instances or not.
+        expired, deadline = self.batcher.due(self.clock())
+        self._expire(expired)
+        if deadline is not None:
+            self._wake_at(deadline)
         if self._closed is not None:
             self._finish_if_idle()
 
