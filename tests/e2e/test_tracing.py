@@ -17,7 +17,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from tests.conftest import start_server, stop_server, write_fake_model
+from tests.conftest import free_port, start_server, stop_server, write_fake_model
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -48,20 +48,32 @@ def collector() -> Iterator[str]:
 
 
 def test_each_request_is_a_span_in_the_caller_s_trace(tmp_path: Path, collector: str) -> None:
+    import tritonclient.grpc as grpcclient
+
     write_fake_model(tmp_path, "fake")
+    grpc_port = free_port()
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "50"  # export every 50 ms, not every 5 s
+    os.environ["OTEL_SERVICE_NAME"] = "search-eu"  # a fleet names its deployments
     try:
-        server = start_server(tmp_path, tmp_path / "server.log", "--otlp-endpoint", collector)
+        server = start_server(tmp_path, tmp_path / "server.log", "--otlp-endpoint", collector,
+                              "--grpc", f"127.0.0.1:{grpc_port}")
     finally:
-        del os.environ["OTEL_BSP_SCHEDULE_DELAY"]
+        del os.environ["OTEL_BSP_SCHEDULE_DELAY"], os.environ["OTEL_SERVICE_NAME"]
+    traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
     try:
         answer = httpx.post(
             f"{server.url}/v2/models/fake/infer",
             json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
                               "data": ["jazz"]}]},
-            headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "x-request-id": "r-1"})
+            headers={"traceparent": traceparent, "x-request-id": "r-1"})
         assert answer.status_code == 200
         assert httpx.get(f"{server.url}/v2/models/nope").status_code == 404
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert client.get_model_metadata("fake", headers={"traceparent": traceparent,
+                                                         "x-request-id": "g-1"}).name == "fake"
+        with pytest.raises(grpcclient.InferenceServerException):
+            client.get_model_metadata("nope", headers={"x-request-id": "g-2"})
+        client.close()
     finally:
         stop_server(server)  # a drained server sends its last batch of spans
     spans = [span for export in Collector.exports for resource in export.resource_spans
@@ -77,9 +89,22 @@ def test_each_request_is_a_span_in_the_caller_s_trace(tmp_path: Path, collector:
     assert missing.trace_id.hex() != TRACE_ID  # no traceparent: a trace of its own
     assert {a.key: a.value for a in missing.attributes}[
         "http.response.status_code"].int_value == 404
+    # gRPC calls too (they had no span), as OpenTelemetry's RPC conventions name them.
+    calls = {next(a.value.string_value for a in span.attributes
+                  if a.key == "queryserve.request_id"): span
+             for span in spans if span.name == "inference.GRPCInferenceService/ModelMetadata"}
+    assert calls["g-1"].trace_id.hex() == TRACE_ID
+    assert calls["g-1"].parent_span_id.hex() == PARENT_ID
+    found = {a.key: a.value for a in calls["g-1"].attributes}
+    assert found["rpc.system"].string_value == "grpc"
+    assert found["rpc.grpc.status_code"].int_value == 0
+    assert found["queryserve.model"].string_value == "fake"
+    assert calls["g-2"].trace_id.hex() != TRACE_ID
+    assert {a.key: a.value for a in calls["g-2"].attributes}[
+        "rpc.grpc.status_code"].int_value == 5  # NOT_FOUND
     service = {a.key: a.value.string_value for export in Collector.exports
                for resource in export.resource_spans for a in resource.resource.attributes}
-    assert service["service.name"] == "queryserve"
+    assert service["service.name"] == "search-eu"
 
 
 def test_a_collector_that_never_answers_does_not_hold_the_exit(tmp_path: Path) -> None:
@@ -101,3 +126,11 @@ def test_a_collector_that_never_answers_does_not_hold_the_exit(tmp_path: Path) -
     finally:
         server.process.kill()
         hung.close()
+
+
+def test_the_service_is_named_queryserve_unless_the_environment_names_it() -> None:
+    from queryserve.server.tracing import Tracing
+
+    tracing = Tracing("http://127.0.0.1:9/v1/traces")
+    assert tracing.provider.resource.attributes["service.name"] == "queryserve"
+    tracing.provider.shutdown()

@@ -42,7 +42,7 @@ class ServerApp:
         for front_end in FRONT_ENDS:
             front_end.add_routes(self.router, self.state)
         self.access_log = self.state.access_log = access_log
-        self.tracing = tracing
+        self.tracing = self.state.tracing = tracing
         self.request_ids = self.state.request_ids
 
     async def __call__(self, request: Request) -> Response:

@@ -27,6 +27,7 @@ from queryserve.server.snapshot import (
     merged,
     process_families,
 )
+from queryserve.server.tracing import Tracing
 
 T = TypeVar("T")
 
@@ -121,6 +122,8 @@ class ServerState:
 
     access_log: AccessLog | None = None
     """`--access-log`: a line per request, HTTP and gRPC alike."""
+    tracing: Tracing | None = None
+    """`--otlp-endpoint`: a span per request, HTTP and gRPC alike."""
     request_ids: RequestIds = field(default_factory=RequestIds)
 
     siblings: Siblings | None = None

@@ -1,6 +1,6 @@
-"""OpenTelemetry spans (`--otlp-endpoint`, the `tracing` extra): one server span per HTTP request,
-a child of the caller's trace when it sends `traceparent` (W3C Trace Context), exported in
-batches over OTLP/HTTP by the SDK's own thread.
+"""OpenTelemetry spans (`--otlp-endpoint`, the `tracing` extra): one server span per HTTP request
+and per gRPC call, a child of the caller's trace when it sends `traceparent` (W3C Trace Context,
+a header or gRPC metadata), exported in batches over OTLP/HTTP by the SDK's own thread.
 
 Off by default, and then the SDK is not even imported: the application checks one attribute per
 request. On, a request pays for one span's start and end; export happens off the event loop.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from queryserve.errors import ServeError
@@ -36,8 +37,12 @@ class Tracing:
                              "pip install 'queryserve[tracing]'") from None
         # Shut down by `close`, within the drain's time: at exit, the SDK's own handler would
         # wait for the collector again.
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
-                                       shutdown_on_exit=False)
+        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service when set (a fleet
+        # names each deployment); `service_name` only where they do not.
+        resource = Resource.create()
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": service_name}))
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         self.tracer = self.provider.get_tracer("queryserve")
         self.propagator = TraceContextTextMapPropagator()
@@ -45,19 +50,35 @@ class Tracing:
         self.error_status = StatusCode.ERROR
 
     def start(self, request: Request) -> Any:
-        context = (self.propagator.extract(request.headers)
-                   if "traceparent" in request.headers else None)
-        return self.tracer.start_span(
-            f"{request.method[:20]} {request.path[:200]}", context=context,
-            kind=self.server_kind,
-            attributes={"http.request.method": request.method[:20],
-                        "url.path": request.path[:200], "queryserve.request_id": request.id})
+        return self._start(f"{request.method[:20]} {request.path[:200]}", request.headers,
+                           {"http.request.method": request.method[:20],
+                            "url.path": request.path[:200], "queryserve.request_id": request.id})
 
     def end(self, span: Any, request: Request, response: Response) -> None:
         span.set_attribute("http.response.status_code", response.status)
-        if request.model is not None:
-            span.set_attribute("queryserve.model", request.model)
-        if response.status >= 500:
+        self._end(span, request.model, response.status)
+
+    def start_rpc(self, service: str, method: str, metadata: Mapping[str, str],
+                  request_id: str) -> Any:
+        """A gRPC call's span, named and described as OpenTelemetry's RPC conventions say."""
+        return self._start(f"{service}/{method}", metadata,
+                           {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method,
+                            "queryserve.request_id": request_id})
+
+    def end_rpc(self, span: Any, code: int, model: str | None, status: int) -> None:
+        """`code`: the gRPC status code's number; `status`: the same outcome's HTTP status."""
+        span.set_attribute("rpc.grpc.status_code", code)
+        self._end(span, model, status)
+
+    def _start(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Any:
+        context = self.propagator.extract(carrier) if "traceparent" in carrier else None
+        return self.tracer.start_span(name, context=context, kind=self.server_kind,
+                                      attributes=attributes)
+
+    def _end(self, span: Any, model: str | None, status: int) -> None:
+        if model is not None:
+            span.set_attribute("queryserve.model", model)
+        if status >= 500:
             span.set_status(self.error_status)
         span.end()
 

@@ -68,8 +68,11 @@ async def abort(context: Any, code: grpc.StatusCode, message: str,
     raise AssertionError("grpc.aio's abort raises")  # never reached
 
 
+SERVICE = "inference.GRPCInferenceService"
+
+
 def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
-    path = f"/inference.GRPCInferenceService/{handler.__name__}"
+    path = f"/{SERVICE}/{handler.__name__}"
 
     @functools.wraps(handler)
     async def answer(service: InferenceService, request: Req, context: Any) -> Resp:
@@ -80,7 +83,10 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
         # one made here (none was, and a call could not be found in the access log).
         request_id = state.request_ids.of(metadata.get("x-request-id"))
         echoed = (("x-request-id", request_id),)
-        status, sent = 200, None
+        tracing = state.tracing
+        span = (tracing.start_rpc(SERVICE, handler.__name__, metadata, request_id)
+                if tracing is not None else None)
+        status, code, sent = 200, grpc.StatusCode.OK, None
         try:
             if keyed:
                 state.auth.check_key(metadata.get("authorization"), grpc=True)
@@ -90,23 +96,26 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
             sent = await handler(service, request)
             return sent
         except QueryServeError as exc:
-            status = exc.http_status
-            await abort(context, grpc.StatusCode[exc.grpc_code], exc.message,
-                        (*exc.headers.items(), *echoed))
+            status, code = exc.http_status, grpc.StatusCode[exc.grpc_code]
+            await abort(context, code, exc.message, (*exc.headers.items(), *echoed))
         except asyncio.CancelledError:
-            status = CLIENT_CLOSED  # the client left (or its deadline passed)
+            status, code = CLIENT_CLOSED, grpc.StatusCode.CANCELLED  # the client left
             raise
         except Exception:
-            status = 500
+            status, code = 500, grpc.StatusCode.INTERNAL
             log.exception("error answering gRPC %s (request %s)", handler.__name__,
                           request_id)
-            await abort(context, grpc.StatusCode.INTERNAL, "internal server error", echoed)
+            await abort(context, code, "internal server error", echoed)
         finally:
-            if state.access_log is not None:
+            if state.access_log is not None or span is not None:
                 model = getattr(request, "model_name", None) or getattr(request, "name", None)
-                state.access_log.line(request_id, "POST", path, model or None, status,
-                                      _size(request), _size(sent),
-                                      time.perf_counter() - started)
+                if state.access_log is not None:
+                    state.access_log.line(request_id, "POST", path, model or None, status,
+                                          _size(request), _size(sent),
+                                          time.perf_counter() - started)
+                if span is not None:
+                    assert tracing is not None
+                    tracing.end_rpc(span, code.value[0], model or None, status)
 
     return answer
 
