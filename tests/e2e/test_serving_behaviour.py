@@ -8,6 +8,7 @@ cheaply; the server, scheduler and HTTP stack are the real ones.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import sys
@@ -93,13 +94,20 @@ async def test_request_past_its_queue_timeout_is_not_run(server: RunningServer) 
 
 def test_a_failing_batch_fails_only_its_own_request(server: RunningServer) -> None:
     with httpx.Client(base_url=server.url, timeout=10) as client:
-        bad = client.post("/v2/models/flaky/infer", json=infer_body(f"please {POISON} now"))
+        bad = client.post("/v2/models/flaky/infer", json=infer_body(f"please {POISON} now"),
+                          headers={"x-request-id": "the-bad-one"})
         good = client.post("/v2/models/flaky/infer", json=infer_body("a fine query"))
     assert bad.status_code == 500
-    assert bad.json() == {"error": "model 'flaky' failed to run a batch of 1 items; the server "
-                                   "log has the details"}
+    error = bad.json()["error"]
+    assert re.fullmatch(r"model 'flaky' failed to run a batch of 1 items; the server log has "
+                        r"the details \(failure (\d+)\)", error), error
     assert good.status_code == 200
     assert "Traceback" not in bad.text
+    # The server's log ties the request id to the failure's traceback, by its number.
+    failure = error.rsplit(" ", 1)[1].rstrip(")")
+    log = server.log_text()
+    assert f"request the-bad-one (POST /v2/models/flaky/infer) answered 500: {error}" in log
+    assert f"model 'flaky' instance 0 failed a batch of 1 (failure {failure})\nTraceback" in log
 
 
 def test_request_of_a_client_that_left_is_dropped_before_the_model(

@@ -166,6 +166,7 @@ class Scheduler(Generic[P, R]):
         self._timer_at = math.inf
         self._closed: asyncio.Future[None] | None = None  # set by close(): no more admission
         self._in_turns = 0  # requests queued in turns that have not ended: see `turns`
+        self._failures = 0  # batches that failed, since load
 
     @property
     def queue_depth(self) -> int:
@@ -305,10 +306,14 @@ class Scheduler(Generic[P, R]):
                 raise ModelFailed(f"the pipeline returned {len(rows)} rows for a batch of "
                                   f"{len(batch)}")
         except Exception:
-            log.exception("model '%s' instance %d failed a batch of %d", self.model,
-                          instance.index, len(batch))
+            # Numbered, so the request ids the front ends log with this error's message find
+            # the traceback (a batch holds many requests; this thread knows none of their ids).
+            self._failures += 1
+            log.exception("model '%s' instance %d failed a batch of %d (failure %d)",
+                          self.model, instance.index, len(batch), self._failures)
             error = ModelFailed(f"model '{self.model}' failed to run a batch of {len(batch)} "
-                                "items; the server log has the details")
+                                f"items; the server log has the details (failure "
+                                f"{self._failures})")
             for item in batch:
                 if not item.ticket.done():
                     _future(item).set_exception(error)

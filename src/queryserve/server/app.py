@@ -60,6 +60,9 @@ class ServerApp:
             else:
                 response = await self.router(request)
         except QueryServeError as exc:
+            if exc.http_status == 500:  # the server's failure: which request met it
+                log.error("request %s (%s %s) answered 500: %s", request.id,
+                          request.method[:20], request.path[:200], exc.message)
             response = error_response(request.path, exc)
         except Exception:
             log.exception("error answering %s %s (request %s)", request.method[:20],

@@ -97,6 +97,9 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
             return sent
         except QueryServeError as exc:
             status, code = exc.http_status, grpc.StatusCode[exc.grpc_code]
+            if status == 500:  # the server's failure: which request met it
+                log.error("gRPC %s (request %s) answered INTERNAL: %s", handler.__name__,
+                          request_id, exc.message)
             await abort(context, code, exc.message, (*exc.headers.items(), *echoed))
         except asyncio.CancelledError:
             status, code = CLIENT_CLOSED, grpc.StatusCode.CANCELLED  # the client left
