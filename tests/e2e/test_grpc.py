@@ -465,3 +465,37 @@ def test_grpc_calls_are_in_the_access_log_with_a_request_id(tmp_path: Path) -> N
         "POST", "/inference.GRPCInferenceService/ModelInfer", "fast", 200)
     assert ok["bytes_in"] > 0 and ok["bytes_out"] > 0
     assert (lines["grpc-404"]["status"], lines["grpc-404"]["model"]) == (404, "nothing")
+
+
+def test_the_grpc_port_holds_http_s_connection_limits(tmp_path: Path) -> None:
+    """Regression (the wire walk): the gRPC port had no cap, no time to open and no idle time,
+    so silent sockets piled up there until the process ran out of files."""
+    write_fake_model(tmp_path, "fast")
+    served = serve(tmp_path, "--max-connections", "4", "--header-timeout", "1",
+                   "--idle-timeout", "2")
+    host, port = served.grpc_address.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port))) for _ in range(6)]
+
+    def closed(sock: socket.socket) -> bool:
+        sock.settimeout(0.05)
+        try:
+            while sock.recv(1024):  # the server's SETTINGS frame, then the close
+                pass
+        except TimeoutError:
+            return False
+        return True
+
+    try:
+        time.sleep(0.5)
+        assert sum(map(closed, silent)) == 2  # over the cap of 4: closed at once
+        time.sleep(1.5)
+        assert all(map(closed, silent))  # the others, HTTP/2's opening not sent within 1 s
+        client = served.client()
+        assert client.is_model_ready("fast")
+        time.sleep(3)  # idle past 2 s: the server ends the connection, the client reconnects
+        assert client.is_model_ready("fast")
+        client.close()
+    finally:
+        for sock in silent:
+            sock.close()
+        stop_server(served.http)

@@ -281,10 +281,8 @@ async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer |
     from queryserve.server.grpc import start_grpc_server  # grpcio only when gRPC is on
 
     host, port = options.grpc
-    grpc_server = await start_grpc_server(state, host, port,
-                                          max_message_bytes=options.http.max_body_bytes,
+    grpc_server = await start_grpc_server(state, host, port, options.http,
                                           reuse_port=options.seat is not None,
-                                          max_connection_age_s=options.http.max_connection_age_s,
                                           grace_s=options.drain_timeout_s)
     log.info("listening on grpc://%s:%d (KServe v2 gRPC)", host, port)
     return grpc_server

@@ -8,6 +8,6 @@
 - `server.py`: the grpc.aio listener and its drain.
 """
 
-from queryserve.server.grpc.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
+from queryserve.server.grpc.server import GrpcServer, start_grpc_server
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcServer", "start_grpc_server"]
+__all__ = ["GrpcServer", "start_grpc_server"]

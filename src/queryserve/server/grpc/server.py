@@ -18,14 +18,10 @@ from queryserve.server.grpc.proto.grpc_service_pb2_grpc import (
     add_GRPCInferenceServiceServicer_to_server,
 )
 from queryserve.server.grpc.service import InferenceService, lenient
+from queryserve.server.http_types import HttpLimits
 from queryserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-"""The largest request message accepted when the caller gives none (HTTP's body limit is
-passed in by `serve`)."""
-
 
 class GrpcServer:
     """A listening gRPC server; `shutdown` drains it."""
@@ -61,23 +57,29 @@ class _Lenient:
 
 
 async def start_grpc_server(state: ServerState, host: str, port: int,
-                            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                            reuse_port: bool = False,
-                            max_connection_age_s: float = math.inf,
+                            limits: HttpLimits | None = None, reuse_port: bool = False,
                             grace_s: float = 30.0) -> GrpcServer:
-    """Listen on `host:port` (port 0: any free port) and serve KServe v2 gRPC; a request
-    message over `max_message_bytes` is refused (RESOURCE_EXHAUSTED) before it is read. With
-    `reuse_port`, beside the other workers' listeners on the same port. A connection older
-    than `max_connection_age_s` is ended (GOAWAY) once its RPCs have had `grace_s` to finish:
-    the client reconnects, placed afresh (`http_types.MAX_CONNECTION_AGE_S` says why)."""
-    aging = [] if math.isinf(max_connection_age_s) else [
-        ("grpc.max_connection_age_ms", round(max_connection_age_s * 1000)),
-        ("grpc.max_connection_age_grace_ms", round(grace_s * 1000))]
+    """Listen on `host:port` (port 0: any free port) and serve KServe v2 gRPC, within the
+    limits HTTP has (`HttpLimits`), as gRPC can hold them: a request message over
+    `max_body_bytes` is refused (RESOURCE_EXHAUSTED) before it is read; connections over
+    `max_connections` are closed at once; one that has not completed HTTP/2's opening within
+    `header_timeout_s`, or has had no call for `idle_timeout_s`, is closed (the port had no such
+    bounds: silent sockets piled up until the process ran out of files); one older than
+    `max_connection_age_s` is ended (GOAWAY) once its calls have had `grace_s` to finish, and
+    the client reconnects, placed afresh (`http_types.MAX_CONNECTION_AGE_S` says why). With
+    `reuse_port`, beside the other workers' listeners on the same port."""
+    limits = limits or HttpLimits()
+    aging = [] if math.isinf(limits.max_connection_age_s) else [
+        ("grpc.max_connection_age_ms", _ms(limits.max_connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", _ms(grace_s))]
     server = grpc.aio.server(options=[
         *aging,
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", limits.max_body_bytes),
         # Answers are bounded by the item limit; refusing one already computed helps nobody.
         ("grpc.max_send_message_length", -1),
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        ("grpc.server_handshake_timeout_ms", _ms(limits.header_timeout_s)),
+        ("grpc.max_connection_idle_ms", _ms(limits.idle_timeout_s)),
         # Without this a second server could bind the same port (SO_REUSEPORT) and the two
         # would share its connections: a taken port must be an error, as it is for HTTP. A
         # server's own workers share it on purpose (their supervisor checked it was free).
@@ -95,3 +97,8 @@ async def start_grpc_server(state: ServerState, host: str, port: int,
                          "address is not this machine's")
     await server.start()
     return GrpcServer(server, int(bound))
+
+
+def _ms(seconds: float) -> int:
+    """gRPC's options are C ints of milliseconds: a limit past that is as good as none."""
+    return min(round(seconds * 1000), 2**31 - 1)
