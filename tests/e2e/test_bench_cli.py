@@ -231,3 +231,20 @@ def test_recommend_with_no_point_served_exits_1(tmp_path: Path) -> None:
     assert "no configuration served a rate under the bar" in run.stderr
     assert "failed to load" in run.stdout + run.stderr
 
+
+
+def test_a_run_nothing_succeeds_in_says_what_the_server_answered(tmp_path: Path) -> None:
+    """Regression: it said only "20 x 500" and to check the URL, --model and --protocol,
+    which were right; the server's own words say what is wrong."""
+    write_fake_model(tmp_path / "repository", "broken", fail_on=101)  # [CLS]: every batch
+    server = start_server(tmp_path / "repository", tmp_path / "server.log")
+    try:
+        run = queryserve("bench", server.url, "--model", "broken", "--rate", "20",
+                         "--duration", "0.5", "--warmup", "0", "--out", str(tmp_path / "out"),
+                         "--no-progress")
+    finally:
+        stop_server(server)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "no request succeeded" in run.stderr and "x 500" in run.stderr
+    assert "the first request was answered 500: model 'broken' failed to run a batch" \
+        in " ".join(run.stderr.split()), run.stderr

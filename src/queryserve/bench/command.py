@@ -223,8 +223,15 @@ def run_bench_command(args: argparse.Namespace) -> None:
         # The report is written (it shows what the server said); the exit status must not
         # pass a run in which nothing was measured.
         said = [f"{times} x {status}" for status, times in sorted(answers.items())]
+        # The load keeps no bodies: one request more says why (the client's own mistakes
+        # were refused before the load, so this is the server's state: not ready, failing).
+        from queryserve.bench.first_request import first_answer
+
+        answer = first_answer(plan.url, plan.protocol, plan.payloads, plan.headers)
+        why = (f"; sent once more, the first request was answered {answer[0]}: {answer[1]}"
+               if answer is not None else "; check the URL and that the server is up")
         raise BenchError(f"no request succeeded at {plan.url} ({', '.join(said) or 'no answers'}"
-                         f"; {errors} errors): check the URL, --model and --protocol")
+                         f"; {errors} errors){why}")
     search = results.get("search")
     if search is not None and search["max_rate"] <= 0:  # a script gates on the exit status
         raise BenchError(f"no rate met {search['percentile']} <= {search['threshold_ms']:g} "

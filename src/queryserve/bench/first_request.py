@@ -30,17 +30,23 @@ def check_first_request(url: str, protocol: str, payloads: Payloads,
     """Send the first body once; raise BenchError naming the server's own words if the
     server refuses it as the client's mistake. Nothing listening: left to the load, which
     says so in its own words (over gRPC, after waiting for the channel)."""
-    if protocol == "grpc":
-        refused = _grpc_refusal(url, payloads.bodies[0], headers)
-    else:
-        refused = _http_refusal(url, payloads, headers)
-    if refused is not None:
-        status, said = refused
+    answer = first_answer(url, protocol, payloads, headers)
+    if answer is not None and _refusal(answer[0]):
+        status, said = answer
         raise BenchError(f"{url} refused the first request with {status}: {said}; "
                          f"nothing was measured (check the URL, --model and --protocol)")
 
 
-def _http_refusal(url: str, payloads: Payloads, headers: dict[str, str]) -> tuple[int, str] | None:
+def first_answer(url: str, protocol: str, payloads: Payloads,
+                 headers: dict[str, str]) -> tuple[int, str] | None:
+    """The status (gRPC's as the load records it) and the server's words when it does not
+    answer the first body with a success; None when it does, or nothing answers."""
+    if protocol == "grpc":
+        return _grpc_answer(url, payloads.bodies[0], headers)
+    return _http_answer(url, payloads, headers)
+
+
+def _http_answer(url: str, payloads: Payloads, headers: dict[str, str]) -> tuple[int, str] | None:
     sent = {"Content-Type": payloads.content_type, **headers,
             **(payloads.body_headers[0] if payloads.body_headers else {})}
     request = urllib.request.Request(url, data=payloads.bodies[0], headers=sent, method="POST")
@@ -48,7 +54,7 @@ def _http_refusal(url: str, payloads: Payloads, headers: dict[str, str]) -> tupl
         with urllib.request.urlopen(request, timeout=TIMEOUT_S):
             return None
     except urllib.error.HTTPError as exc:
-        return (exc.code, _message(exc.read())) if _refusal(exc.code) else None
+        return exc.code, _message(exc.read())
     except (urllib.error.URLError, OSError):
         return None  # unreachable or reset: the load reports it as it does today
 
@@ -68,7 +74,7 @@ def _message(body: bytes) -> str:
     return str(document)[:200]
 
 
-def _grpc_refusal(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str] | None:
+def _grpc_answer(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str] | None:
     import grpc
 
     from queryserve.bench.loadgen.grpc_open_loop import HTTP_STATUS  # the load's own reading
@@ -82,7 +88,5 @@ def _grpc_refusal(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, 
                  metadata=[(name.lower(), value) for name, value in headers.items()])
         except grpc.RpcError as exc:
             code = exc.code()
-            status = HTTP_STATUS.get(code, 500)
-            if _refusal(status):
-                return status, f"{code.name}: {exc.details()}"
+            return HTTP_STATUS.get(code, 500), f"{code.name}: {exc.details()}"
     return None
