@@ -110,10 +110,13 @@ class DynamicBatcher(Generic[P]):
             if item.deadline != math.inf:
                 heapq.heappush(self._deadlines, (item.deadline, next(self._order), item))
 
-    def due(self, now: float) -> tuple[list[QueuedItem[P]], float | None]:
+    def due(self, now: float) -> tuple[Sequence[QueuedItem[P]], float | None]:
         """The queued items past their deadline (left queued: the scheduler fails them, and a
         cut drops them), and the next deadline of one still queued, to be woken at."""
-        heap, expired = self._deadlines, []
+        heap = self._deadlines
+        if not heap:  # no timeouts: the common case, on every schedule
+            return (), None
+        expired: list[QueuedItem[P]] = []
         while heap:
             deadline, _, item = heap[0]
             if item.ticket.done() or item.deadline != deadline:

@@ -254,7 +254,7 @@ class Scheduler(Generic[P, R]):
         self._timer, self._timer_at = None, math.inf
         self._schedule()
 
-    def _expire(self, items: list[QueuedItem[P]]) -> None:
+    def _expire(self, items: Sequence[QueuedItem[P]]) -> None:
         for item in items:
             if not item.ticket.done():
                 _future(item).set_exception(RequestTimeout(
