@@ -39,6 +39,9 @@ BACKENDS: tuple[ModelBackendKind, ...] = get_args(ModelBackendKind)
 PIPELINES: tuple[ModelPipelineKind, ...] = get_args(ModelPipelineKind)
 MODEL_FILE = "model.yaml"
 ENSEMBLE_FILE = "pipeline.yaml"
+LOOKALIKES = ("model.yml", "pipeline.yml", "config.pbtxt", "config.yaml", "model.json")
+"""Files a model's folder may hold by mistake (another spelling, Triton's config): named
+when a folder is not served for want of a model.yaml."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A model's name: its folder in the repository. No separators, no leading dot (so never `..`),
 at most 128 characters (a name the file system would refuse never reaches it)."""

@@ -34,6 +34,7 @@ from queryserve import heap
 from queryserve.backends import Backend, create_backend
 from queryserve.config import (
     ENSEMBLE_FILE,
+    LOOKALIKES,
     MODEL_FILE,
     ModelConfig,
     is_model_name,
@@ -90,6 +91,35 @@ class ModelRepository:
         return sorted(p.name for p in self.root.iterdir()
                       if is_model_name(p.name)
                       and ((p / MODEL_FILE).is_file() or (p / ENSEMBLE_FILE).is_file()))
+
+    def survey(self) -> list[str]:
+        """`names`, once what a mistaken repository shows is said, before the server listens:
+        a model's own folder given as the repository is refused; folders that are not served
+        and an empty repository are warned of. Each of them served nothing and answered ready,
+        with not a word in the log."""
+        names = self.names()
+        root = self.root
+        if (root / MODEL_FILE).is_file() or (root / ENSEMBLE_FILE).is_file():
+            raise ConfigError(f"{root} is a model's folder (it holds a "
+                              f"{MODEL_FILE if (root / MODEL_FILE).is_file() else ENSEMBLE_FILE}"
+                              "); --repository takes the folder that holds the models' "
+                              f"folders, e.g. {root.parent}")
+        for path in sorted(root.iterdir()):
+            if path.name in names or path.name.startswith(".") or not path.is_dir():
+                continue
+            if not is_model_name(path.name):
+                why = ("its name is not a model name (letters, digits, '.', '_' and '-', "
+                       "starting with a letter or digit)")
+            else:
+                why = f"it has no {MODEL_FILE} (or {ENSEMBLE_FILE}, for an ensemble)"
+                if found := [near.name for near in sorted(path.iterdir())
+                             if near.name in LOOKALIKES]:
+                    why += f"; it has {', '.join(found)}, which queryserve does not read"
+            log.warning("model repository %s: %s/ is not served: %s", root, path.name, why)
+        if not names:
+            log.warning("model repository %s holds no model (a folder with a %s or %s): "
+                        "serving none", root, MODEL_FILE, ENSEMBLE_FILE)
+        return names
 
     def folder(self, name: str) -> Path:
         """The folder of model `name`; a name that is not one (`..`, a path, 5,000 characters)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, write_fake_model
+from tests.conftest import ROOT, free_port, start_server, stop_server, write_fake_model
 
 
 def queryserve(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -95,3 +95,31 @@ def test_prepare_away_from_the_checkout_says_where_to_run_it(tmp_path: Path) -> 
     done = queryserve("serve", "--prepare", "--repository", str(tmp_path), "--http",
                       f"127.0.0.1:{port}", "--grpc", "off", cwd=tmp_path)
     refused(done, 1, f"no model of {tmp_path} prepared: nothing to serve")
+
+
+def test_a_mistaken_repository_is_said_before_the_server_listens(tmp_path: Path) -> None:
+    # Outside the checkout: the error, then a traceback of the gRPC server collected after
+    # its loop had closed.
+    ports = ("--http", f"127.0.0.1:{free_port()}", "--grpc", f"127.0.0.1:{free_port()}")
+    refused(queryserve("serve", *ports, cwd=tmp_path), 1,
+            "model repository model_repository is not a folder")
+    write_fake_model(tmp_path / "repository", "fast")
+    refused(queryserve("serve", "--repository", str(tmp_path / "repository" / "fast"), *ports),
+            1, "is a model's folder (it holds a model.yaml); --repository takes the folder "
+               "that holds the models' folders")
+
+
+def test_folders_a_repository_does_not_serve_are_named_in_the_log(tmp_path: Path) -> None:
+    """Each of these served nothing and answered ready, with not a word in the log."""
+    repository = tmp_path / "repository"
+    (repository / "My Model").mkdir(parents=True)
+    (repository / "embed").mkdir()
+    (repository / "embed" / "model.yml").write_text("backend: fake\n")
+    log = tmp_path / "server.log"
+    server = start_server(repository, log)
+    stop_server(server)
+    said = " ".join(log.read_text().split())
+    assert "My Model/ is not served: its name is not a model name" in said
+    assert "embed/ is not served: it has no model.yaml (or pipeline.yaml, for an ensemble); " \
+           "it has model.yml, which queryserve does not read" in said
+    assert f"model repository {repository} holds no model" in said

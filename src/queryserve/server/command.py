@@ -233,6 +233,10 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from queryserve.server.workers.plan import auto_workers, idle_cores
 
     _check_aliases(args)
+    if not args.prepare:  # else the repository is what `prepare` is about to make
+        from queryserve.repository import ModelRepository
+
+        ModelRepository(args.repository).survey()
     available = available_cores()
     cores = args.cores or available
     if cores > available:

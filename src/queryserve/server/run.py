@@ -101,6 +101,8 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     control = None
     if loading.done():
+        if loading.exception() is not None and listeners is not None:
+            await listeners.shutdown(0)  # closed on this loop, not by the collector after it
         loading.result()
         # What loading made (tokenizers, the spell channel's tables, the catalog, the index's
         # items) lives as long as the server. Frozen, the cyclic collector no longer walks it:
