@@ -275,8 +275,19 @@ def test_an_ensemble_whose_steps_do_not_fit_says_so_at_load(tmp_path: Path) -> N
         # (the reload began its counts anew)
         assert 'queryserve_requests_total{model="search",outcome="unavailable"} 1.0' in metrics
         assert 'model="search",outcome="success"' not in metrics
+        # A step naming a model the repository lacks (a typo): every search was a 404 naming
+        # the step's model, as if the client had asked for it, and nothing said why.
+        steps.write_text("spell: speling\nembed: fast\nindex: index\n")
+        assert httpx.post(f"{server.url}/v2/repository/models/search/load").status_code == 200
+        assert reason() == "its 'spell' step names model 'speling', which the repository " \
+                           "does not have"
+        search = httpx.post(f"{server.url}/v1/search", json={"query": "jazz"})
+        assert search.status_code == 503 and "'speling'" in search.json()["error"]
     finally:
         stop_server(server)
+    # At start the log says which models are not ready and why.
+    assert "is not ready (model 'fast' is a text_embedding model" in " ".join(
+        (tmp_path / "server.log").read_text().split())
 
 
 def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
@@ -329,7 +340,10 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
         assert httpx.post(f"{url}/v2/repository/models/fast/unload").status_code == 200
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
-        assert "ready: broken, long, wide failed to load" in log.read_text()
+        said = log.read_text()
+        assert "ready: broken failed to load (model 'broken' cannot be built" in said
+        assert "; long failed to load (" in said and "; wide failed to load (" in said
+        assert "; serving fast" in said
 
 
 def test_a_signal_during_a_slow_load_exits_within_the_drain_timeout(tmp_path: Path) -> None:

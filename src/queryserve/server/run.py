@@ -300,10 +300,16 @@ def _warn_if_open(options: ServeOptions) -> None:
 
 
 def _log_ready(repository: ModelRepository, strict: bool) -> None:
-    if repository.errors:  # strict: /v2/health/ready answers 503 until they load
-        log.warning("%s: %s failed to load; serving %s", "not ready" if strict else "ready",
-                    ", ".join(sorted(repository.errors)),
-                    ", ".join(sorted(repository.models)) or "no models")
+    # strict: /v2/health/ready answers 503 until the models not ready are, and the log says
+    # why (a search step naming a model the repository lacks loaded, and said nothing).
+    unready = {entry["name"]: entry.get("reason", "not ready") for entry in repository.index()
+               if entry["state"] != "READY"}
+    if unready:
+        log.warning("%s: %s; serving %s", "not ready" if strict else "ready", "; ".join(
+                    f"{name} {'failed to load' if name in repository.errors else 'is not ready'}"
+                    f" ({why})" for name, why in sorted(unready.items())),
+                    ", ".join(sorted(n for n in repository.models if n not in unready))
+                    or "no models")
     else:
         log.info("ready: %s", ", ".join(sorted(repository.models)) or "no models loaded")
 

@@ -34,7 +34,13 @@ from queryserve.api import (
     integer_parameter,
 )
 from queryserve.config import MAX_K, ModelConfig, SearchSteps
-from queryserve.errors import InvalidInput, QueryServeError, QueryTooLong, Unavailable
+from queryserve.errors import (
+    InvalidInput,
+    NotFound,
+    QueryServeError,
+    QueryTooLong,
+    Unavailable,
+)
 from queryserve.model import AnyModel
 from queryserve.pipelines.search.catalog import CATALOGS
 from queryserve.pipelines.search.index import CatalogIndex, load_index
@@ -71,17 +77,22 @@ class SearchPipeline:
         return self.misfit() is None
 
     def misfit(self) -> str | None:
-        """What in the loaded steps cannot work: a model of another kind than its step's (a
-        spell step given an embedding model answered every search 400, as if the client's
-        mistake), or vectors of another width than the index's (a 500 from the index on
-        every search). Checked on each search too: a step may be reloaded as another model."""
-        steps = ((self.steps.spell, Corrections), (self.steps.embed, Embeddings),
-                 (self.steps.intent, Classifications))
-        for name, kind in steps:
+        """What in the steps cannot work: a model the repository does not have, a model of
+        another kind than its step's (a spell step given an embedding model answered every
+        search 400, as if the client's mistake), or vectors of another width than the index's
+        (a 500 from the index on every search). Checked on each search too: a step may be
+        reloaded as another model."""
+        steps = (("spell", self.steps.spell, Corrections),
+                 ("embed", self.steps.embed, Embeddings),
+                 ("intent", self.steps.intent, Classifications))
+        for step, name, kind in steps:
             if not name:
                 continue
             try:
                 model = self.lookup(name)
+            except NotFound:  # a typo in pipeline.yaml: every search was a 404, the client's
+                return (f"its '{step}' step names model '{name}', which the repository does "
+                        "not have")
             except QueryServeError:
                 continue  # not loaded: `ready` says so, and a search skips it or is a 503
             try:
