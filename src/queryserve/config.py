@@ -48,6 +48,14 @@ at most 128 characters (a name the file system would refuse never reaches it).""
 MAX_K = 100  # the most results a search may ask for
 
 MAX_BATCH_OVERHEAD_TOKENS = 1_000_000  # `batch_overhead_tokens`' upper bound
+
+PARAMETERS = ("model_file", "tokenizer_file", "max_sequence_length", "allow_spinning", "labels",
+              "encoder", "threshold", "hints", "probabilities_output", "embedding_output",
+              "max_words", "model_dir", "beam_size", "max_output_length", "intra_threads",
+              "compute_type", "delay_ms", "fail_on_token_id")
+"""The `parameters` the backends and pipelines read (`ModelConfig.parameter`): any other name
+is refused as the other sections' unknown fields are (`max_sequence_lenght: 16` served 256
+without a word). README's model repository table says what each does."""
 T = TypeVar("T")
 S = TypeVar("S", bound=str)
 
@@ -377,6 +385,7 @@ class _Reader:
     def parameters(self, raw: object) -> dict[str, str | int | float | bool]:
         if not isinstance(raw, dict):
             raise self.fail("parameters", raw, "a mapping of names to scalars")
+        self.mapping(raw, "parameters", PARAMETERS)
         for key, value in raw.items():
             if not isinstance(value, str | int | float | bool):
                 raise self.fail(f"parameters.{key}", value, "a string, number or boolean")

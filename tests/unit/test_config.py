@@ -149,3 +149,11 @@ def test_a_parameter_of_another_type_is_refused_not_replaced_by_its_default(
                          ("beam_size", 1)):
         with pytest.raises(ConfigError, match=rf"model\.yaml: parameters\.{key} is"):
             config.parameter(key, default)
+
+
+def test_a_parameter_no_backend_reads_is_refused(tmp_path: Path) -> None:
+    """Regression: `max_sequence_lenght: 16` loaded, and served 256 without a word."""
+    with pytest.raises(ConfigError, match=r"unknown field 'parameters\.max_sequence_lenght'; "
+                                          r"allowed here: model_file, tokenizer_file, "
+                                          r"max_sequence_length"):
+        load_model_config(write(tmp_path, VALID + "parameters: {max_sequence_lenght: 16}\n"))
