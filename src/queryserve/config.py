@@ -171,9 +171,13 @@ class ModelConfig:
 
     def labels(self, count: int) -> list[str]:
         """A classifier's label names (`parameters.labels`, comma-separated, as `queryserve
-        optimize` writes them), or `label_i` where it names none or not `count` of them."""
+        optimize` writes them), or `label_i` where it names none. Naming another number than
+        the `count` outputs is refused: every label was `label_i` then, without a word."""
         names = [n.strip() for n in self.parameter("labels", "").split(",") if n.strip()]
-        return names if len(names) == count else [f"label_{i}" for i in range(count)]
+        if names and len(names) != count:
+            raise ConfigError(f"{self.path / MODEL_FILE}: parameters.labels names {len(names)} "
+                              f"labels, and the model gives {count} values an item")
+        return names or [f"label_{i}" for i in range(count)]
 
 
 def is_model_name(name: str) -> bool:
@@ -275,7 +279,9 @@ class _Reader:
             backend=self.choice(top["backend"], "backend", BACKENDS),
             pipeline=self.choice(top.get("pipeline", "text_embedding"), "pipeline", PIPELINES),
             max_batch_size=max_batch_size,
-            inputs=self.tensors(top["input"], "input"),
+            # Every pipeline reads text: an FP32 input loaded, then refused every request,
+            # BYTES as not FP32 and FP32 as not a string.
+            inputs=self.tensors(top["input"], "input", ("BYTES",)),
             outputs=self.tensors(top["output"], "output"),
             dynamic_batching=self.batching(top.get("dynamic_batching", {}), max_batch_size),
             instance_group=self.instances(top.get("instance_group", {})),
@@ -317,7 +323,8 @@ class _Reader:
             raise self.fail(where, raw, "a model name (letters, digits, '.', '_', '-')")
         return raw
 
-    def tensors(self, raw: object, where: str) -> tuple[TensorSpec, ...]:
+    def tensors(self, raw: object, where: str,
+                datatypes: tuple[str, ...] = tuple(NUMPY_DTYPES)) -> tuple[TensorSpec, ...]:
         specs = []
         for i, item in enumerate(self.items(raw, where)):
             at = f"{where}[{i}]"
@@ -325,8 +332,7 @@ class _Reader:
             dims = self.items(fields.get("dims"), f"{at}.dims")
             specs.append(TensorSpec(
                 name=self.text(fields.get("name"), f"{at}.name"),
-                datatype=self.choice(fields.get("datatype"), f"{at}.datatype",
-                                     tuple(NUMPY_DTYPES)),
+                datatype=self.choice(fields.get("datatype"), f"{at}.datatype", datatypes),
                 dims=tuple(self.integer(d, f"{at}.dims[{j}]", -1) for j, d in enumerate(dims)),
             ))
         return tuple(specs)

@@ -316,10 +316,28 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
     (long / "model.yaml").write_text(re.sub(r"max_sequence_length: \d+",
                                             "max_sequence_length: 100000",
                                             (REPOSITORY / "intent" / "model.yaml").read_text()))
+    # Loaded, then failed every request (a bare KeyError, "expected FP32" to BYTES and "must be
+    # a string" to FP32) or answered label_48 for every intent.
+    embed, intent = (REPOSITORY / name / "model.yaml" for name in ("embed", "intent"))
+    for name, source, before, after in (
+            ("renamed", embed, "- name: embedding", "- name: vector"),
+            ("floats", embed, "datatype: BYTES", "datatype: FP32"),
+            ("unlabelled", intent, "labels: 'datetime_query,", "labels: '")):
+        (tmp_path / name).mkdir()
+        for file in ("model.onnx", "tokenizer.json"):
+            (tmp_path / name / file).symlink_to(source.parent / file)
+        assert before in source.read_text()
+        (tmp_path / name / "model.yaml").write_text(source.read_text().replace(before, after))
     with serving_unready(tmp_path) as (url, _, pid):
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
         assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
+        assert "output[0].name is 'vector', which the model does not give; its outputs are " \
+               "embedding" in index["renamed"]["reason"]
+        assert "field 'input[0].datatype' is 'FP32'; expected one of BYTES" in \
+            index["floats"]["reason"]
+        assert "parameters.labels names 59 labels, and the model gives 60 values an item" in \
+            index["unlabelled"]["reason"]
         assert "output 'probabilities' has dims [61], but model.onnx gives 60" in \
             index["wide"]["reason"]
         assert "max_sequence_length is 100000, and the model fails on an input of that many " \

@@ -16,6 +16,8 @@ from queryserve.types import Array
 
 class Backend(Protocol):
     input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    """What `run` answers with: a pipeline checks at load that the names it reads are here."""
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
 

@@ -35,6 +35,7 @@ def token_rows(rows: list[list[str]]) -> Array:
 
 class CTranslate2Backend:
     input_names: tuple[str, ...] = (SOURCE_TOKENS,)
+    output_names: tuple[str, ...] = (OUTPUT_TOKENS, OUTPUT_SCORES)
 
     def __init__(self, config: ModelConfig, threads: int) -> None:
         import ctranslate2  # here, so servers without seq2seq models never load it

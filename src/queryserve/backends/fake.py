@@ -21,6 +21,7 @@ class FakeBackend:
     def __init__(self, config: ModelConfig) -> None:
         self.dim = config.outputs[0].dims[-1]
         self.output_name = config.outputs[0].name
+        self.output_names: tuple[str, ...] = (self.output_name,)
         self.delay_s = config.parameter("delay_ms", 0) / 1000
         self.fail_on_token_id = config.parameter("fail_on_token_id", -1)
 

@@ -41,7 +41,7 @@ class OnnxRuntimeBackend:
                         if "CUDAExecutionProvider" in ort.get_available_providers()
                         else _cpu_session(path, options))
         self.input_names = tuple(i.name for i in self.session.get_inputs())
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.providers = tuple(self.session.get_providers())
         _check_output_widths(config, path, self.session)
 

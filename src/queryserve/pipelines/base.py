@@ -59,6 +59,17 @@ def open_tokenizer(path: Path, max_length: int) -> Tokenizer:
     return tokenizer
 
 
+def graph_output(config: ModelConfig, backends: Sequence[Backend], name: str,
+                 field: str) -> str:
+    """`name`, the backend output a pipeline reads, once checked to be one the backend gives:
+    a name that is not one loaded, and every batch then failed with a bare KeyError."""
+    given = backends[0].output_names
+    if name not in given:
+        raise ConfigError(f"{config.path / 'model.yaml'}: {field} is '{name}', which the model "
+                          f"does not give; its outputs are {', '.join(given)}")
+    return name
+
+
 def load_tokenizer(config: ModelConfig) -> Tokenizer:
     path: Path = config.path / config.parameter("tokenizer_file", "tokenizer.json")
     if not path.is_file():

@@ -23,7 +23,7 @@ from queryserve.api import Classifications, Embeddings, Inputs, Label, integer_p
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput
-from queryserve.pipelines.base import Res, TextPipeline
+from queryserve.pipelines.base import Res, TextPipeline, graph_output
 from queryserve.pipelines.calibration import load_calibration
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
@@ -61,6 +61,7 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         super().__init__(config, backends, stats)
         self.tokenizer = tokenizer
         self.dim = config.outputs[0].dims[-1]
+        self.reads = self.graph_output(config, backends)
         self.wants_token_types = "token_type_ids" in backends[0].input_names
         self.vocabulary_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.max_length: int | None = (tokenizer.truncation or {}).get("max_length")
@@ -115,8 +116,12 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
             return pad_token_ids([p[0] for p in payloads], segments)
         return pad_token_ids(payloads, token_types=self.wants_token_types)
 
+    def graph_output(self, config: ModelConfig, backends: Sequence[Backend]) -> str:
+        """The backend output the rows are read from: the model's declared one."""
+        return graph_output(config, backends, self.output_name, "output[0].name")
+
     def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
-        return list(outputs[self.output_name])
+        return list(outputs[self.reads])
 
 
 class TextEmbedding(EncoderRows[Embeddings]):

@@ -23,6 +23,7 @@ OUTPUT_TEXTS = "output_texts"
 
 class NoisyChannelBackend:
     input_names: tuple[str, ...] = (WORDS,)
+    output_names: tuple[str, ...] = (OUTPUT_TEXTS, OUTPUT_SCORES)
 
     def __init__(self, config: ModelConfig, threads: int = 1) -> None:
         from queryserve.backends.noisy_channel.channel import NoisyChannel

@@ -23,6 +23,7 @@ from queryserve.api import Inputs, PairScores
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
 from queryserve.errors import ConfigError, InvalidInput
+from queryserve.pipelines.base import graph_output
 from queryserve.pipelines.pairs.features import hinted, text_signals
 from queryserve.pipelines.pairs.scoring import pair_scores, pair_threshold
 from queryserve.pipelines.text_embedding import EncoderRows
@@ -54,7 +55,6 @@ class CrossPairScoring(EncoderRows[PairScores]):
     def __init__(self, config: ModelConfig, backends: Sequence[Backend], stats: ModelStats,
                  tokenizer: Tokenizer) -> None:
         super().__init__(config, backends, stats, tokenizer)
-        self.probabilities = config.parameter("probabilities_output", "probabilities")
         self.column = duplicate_column(config)
         self.threshold = config.parameter("threshold", 0.5)
         self.hints = config.parameter("hints", False)  # trained with features.pair_hint
@@ -71,8 +71,13 @@ class CrossPairScoring(EncoderRows[PairScores]):
         raise InvalidInput(f"model '{self.config.name}' scores pairs of texts; it takes text, "
                            "not token ids")
 
+    def graph_output(self, config: ModelConfig, backends: Sequence[Backend]) -> str:
+        return graph_output(config, backends,
+                            config.parameter("probabilities_output", "probabilities"),
+                            "parameters.probabilities_output")
+
     def split(self, outputs: dict[str, Array], payloads: Sequence[Array]) -> Sequence[Array]:
-        return list(outputs[self.probabilities][:, self.column])
+        return list(outputs[self.reads][:, self.column])
 
     def check_options(self, inputs: Inputs) -> None:
         pair_threshold(inputs, self.threshold)

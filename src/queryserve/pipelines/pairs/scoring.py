@@ -22,7 +22,7 @@ from queryserve.api import Inputs, PairScores, number_parameter
 from queryserve.backends import Backend
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput
-from queryserve.pipelines.base import TextPipeline
+from queryserve.pipelines.base import TextPipeline, graph_output
 from queryserve.pipelines.pairs.features import features_array
 from queryserve.pipelines.pairs.head import PairHead
 from queryserve.pipelines.text_embedding import pad_token_ids
@@ -59,7 +59,9 @@ class PairScoring(TextPipeline[Pair, float, PairScores]):
         super().__init__(config, backends, stats)
         self.tokenizer = tokenizer
         self.head = PairHead.load(config.path)
-        self.embedding = config.parameter("embedding_output", "embedding")
+        self.embedding = graph_output(config, backends,
+                                      config.parameter("embedding_output", "embedding"),
+                                      "parameters.embedding_output")
         self.wants_token_types = "token_type_ids" in backends[0].input_names
 
     @property
