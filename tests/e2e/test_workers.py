@@ -408,3 +408,58 @@ def test_a_load_cut_short_by_sigterm_is_a_503_not_a_500(tmp_path: Path) -> None:
     finally:
         if server.process.poll() is None:
             server.process.kill()
+
+
+def test_ports_another_server_starts_on_or_both_protocols_name_are_refused(
+        tmp_path: Path) -> None:
+    """Regression (the workers walk): a second server started while the first one's workers
+    loaded (nothing listening yet) took the same ports, and the kernel split clients between
+    the two; one port for HTTP and gRPC started, said ready, and no gRPC call got through."""
+    write_fake_model(tmp_path, "heavy", delay_ms=3000)  # its warmup: 3 s of loading
+    with (tmp_path / "heavy" / "model.yaml").open("a") as config:
+        config.write("model_warmup: [{name: one, batch_size: 1, text: warm}]\n")
+    port = free_port()
+
+    def serve(*extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
+             "--http", f"127.0.0.1:{port}", *WORKERS, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = serve("--grpc", "off")
+    try:
+        time.sleep(1.5)  # its workers load: nothing listens on the port
+        assert first.poll() is None
+        second = serve("--grpc", "off")
+        said, _ = second.communicate(timeout=60)
+        assert second.returncode == 1, said
+        assert f"cannot listen on 127.0.0.1:{port}: another queryserve server is starting " \
+               "or serving there" in said
+    finally:
+        first.terminate()
+        first.communicate(timeout=60)
+    both = serve("--grpc", f"127.0.0.1:{port}")
+    said, _ = both.communicate(timeout=60)
+    assert both.returncode == 1 and "--http and --grpc both name" in said, said
+
+
+def test_a_sigterm_in_the_first_second_exits_0(tmp_path: Path) -> None:
+    """Regression: a worker drained on SIGTERM only once `serve` had started, about a second
+    of imports in; before, the signal killed it and the server exited 1 (a pod deleted as it
+    was scheduled, recorded as a failure)."""
+    write_fake_model(tmp_path, "fast")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
+         "--http", f"127.0.0.1:{free_port()}", "--grpc", "off", *WORKERS],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = ""
+    try:
+        while "worker 1 started" not in said:  # both spawned, importing
+            line = server.stdout.readline()  # type: ignore[union-attr]
+            assert line, said
+            said += line
+        server.send_signal(signal.SIGTERM)
+        rest, _ = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert server.returncode == 0, said + rest

@@ -86,7 +86,7 @@ def _api_key(value: str) -> str:
 def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = commands.add_parser(
         "serve", help="serve a model repository over HTTP (KServe v2, OpenAI, task routes) and "
-                      "KServe v2 gRPC; drains on SIGTERM or SIGINT")
+                      "KServe v2 gRPC; drains on SIGTERM, SIGINT or SIGHUP")
     serve.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
                        help="model repository folder (default: %(default)s)")
     serve.add_argument("--http", type=address, default=("127.0.0.1", 8000),
@@ -177,7 +177,8 @@ def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
                         metavar="S", help="a keep-alive connection idle this long is closed "
                                           "(default: %(default)g)")
     limits.add_argument("--max-connections", type=count, default=None,
-                        help="open connections at most; at the cap the connection silent "
+                        help="open connections at most, per port and worker; at the cap "
+                             "the connection silent "
                              "longest (or else idle longest) makes room, or a newcomer gets a "
                              "503 (default: half the process's file limit, which serve raises "
                              "to its hard limit, at most 4096)")
@@ -188,8 +189,8 @@ def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
                              "client reconnects, placed afresh on a worker or replica "
                              "(default: %(default)g; 0: never)")
     limits.add_argument("--drain-timeout", type=positive, default=DRAIN_TIMEOUT_S, metavar="S",
-                        help="on SIGTERM or SIGINT, how long accepted requests get to finish "
-                             "(default: %(default)g)")
+                        help="on SIGTERM, SIGINT or SIGHUP, how long accepted requests get "
+                             "to finish (default: %(default)g)")
 
 
 def _raise_file_limit() -> int:
@@ -233,6 +234,9 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from queryserve.server.workers.plan import auto_workers, idle_cores
 
     _check_aliases(args)
+    if args.grpc is not None and args.grpc == args.http:  # workers shared it (SO_REUSEPORT)
+        raise ServeError(f"--http and --grpc both name {args.http[0]}:{args.http[1]}: give "
+                         "gRPC a port of its own (or --grpc off)")
     if not args.prepare:  # else the repository is what `prepare` is about to make
         from queryserve.repository import ModelRepository
 

@@ -85,7 +85,7 @@ class KServeService:
         moment ago may have no figures yet: its counts are zero."""
         names = None if name is None else [self.state.model(name, version).name]
         snapshot = await self.state.snapshot()
-        chosen = list(snapshot.models) if names is None else names
+        chosen = sorted(snapshot.models) if names is None else names  # whoever answers
         return [(snapshot.models[n].stats if n in snapshot.models else ModelStats())
                 .as_triton_json(n, VERSION) for n in chosen]
 

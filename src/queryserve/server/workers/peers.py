@@ -76,7 +76,10 @@ class Seat:
         self.connections[self.worker] = connections
 
     def over(self, connections: int) -> bool:
-        mean = sum(self.connections) / self.workers
+        # The mean over the workers that serve: while one is replaced a client that
+        # reconnects can only land here again, and dividing by all of them closed 75% of
+        # the connections after one answer for the whole replacement.
+        mean = sum(self.connections) / max(1, sum(self.serving))
         return bool(connections > mean + max(1.0, mean / 10))
 
 
@@ -125,10 +128,13 @@ class Siblings:
             elif isinstance(answer, QueryServeError):
                 raise _again(answer, worker)
             elif isinstance(answer, asyncio.IncompleteReadError | ConnectionError):
-                # It closed the control connection without answering: it is stopping (a
-                # SIGTERM came during the load). Was a 500 naming asyncio's own error.
+                # It closed the control connection without answering: it is draining (a
+                # SIGTERM came during the load) or it died, and its replacement will load
+                # what its siblings serve. Was a 500 naming asyncio's own error, then a 503
+                # saying the server was shutting down when a worker had died.
                 raise Unavailable(f"worker {worker} stopped before it could {action} "
-                                  f"'{name}': the server is shutting down")
+                                  f"'{name}' (draining, or died: a replacement {action}s it "
+                                  "from what the others serve); the others did")
             elif isinstance(answer, BaseException):
                 raise ServeError(f"worker {worker} did not {action} '{name}': {answer}")
 

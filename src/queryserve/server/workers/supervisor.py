@@ -156,7 +156,11 @@ class Supervisor:
         self.serving[slot.worker] = 0  # it may have died without saying so
         self.connections[slot.worker] = 0  # and its connections died with it
         if self.stopping:
-            self.exit_codes[slot.worker] = code
+            # The stop's SIGTERM reached a worker still importing, before it drains on it:
+            # it had accepted nothing, and exits as cleanly as one process does (a server
+            # stopped in its first second exited 1).
+            self.exit_codes[slot.worker] = 0 if code == -signal.SIGTERM and not served \
+                else code
             return
         slot.failed_starts = 0 if served else slot.failed_starts + 1
         self.restarts[0] += 1
@@ -217,7 +221,17 @@ def _reserve(host: str, port: int) -> Iterator[socket.socket]:
             if probe.connect_ex((host, bound)) == 0:
                 raise ServeError(f"cannot listen on {host}:{bound}: another server listens "
                                  "there")
-        yield sock
+        # Nothing listens while another server's workers load, so the probe finds nobody
+        # and two servers shared the port, the kernel splitting clients between them. A name
+        # in Linux's abstract socket namespace is held while this process lives, however it
+        # ends, and a second supervisor cannot take it.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as held:
+            try:
+                held.bind(f"\0queryserve-{host}:{bound}")
+            except OSError:
+                raise ServeError(f"cannot listen on {host}:{bound}: another queryserve server "
+                                 "is starting or serving there") from None
+            yield sock
     finally:
         sock.close()
 
