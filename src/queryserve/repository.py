@@ -24,7 +24,7 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +46,9 @@ from queryserve.pipelines import create_pipeline
 from queryserve.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
+
+STARTED = "started"
+"""The stamp of a model loaded as the server started: the same in every worker."""
 
 VERSION = "1"
 
@@ -77,6 +80,10 @@ class ModelRepository:
     """Run at most `cores` instances of a model (a worker of `--workers N`, whose share of the
     cores may be smaller than a model's instance count: the workers together must not run
     more threads than there are cores)."""
+    stamps: dict[str, str] = field(default_factory=dict)
+    """Which load of each model serves: `STARTED`, or the stamp a server of `--workers N` gives
+    one load in every worker, so that a replacement worker can tell a model reloaded while it
+    started from the one it has (by name alone it kept the old one for good)."""
     builds: set[Future[AnyModel]] = field(default_factory=set, repr=False)
     """Builds running on the builder's threads. A signal does not stop one (sessions and
     warmup are blocking work): `serve` exits without waiting for it."""
@@ -196,8 +203,9 @@ class ModelRepository:
         came while a load was building was undone when the build was installed after it."""
         return self._changes.setdefault(name, asyncio.Lock())
 
-    async def load(self, name: str) -> AnyModel:
-        """(Re)load a model: built off the loop, swapped in on it."""
+    async def load(self, name: str, stamp: str = STARTED) -> AnyModel:
+        """(Re)load a model: built off the loop, swapped in on it; `stamp` names this load
+        (`stamps`)."""
         self.folder(name)  # a bad name fails here, before a thread is used
         async with self._changing(name):
             build = self._builder.submit(self.build, name)
@@ -205,14 +213,16 @@ class ModelRepository:
             build.add_done_callback(self.builds.discard)
             model = await asyncio.wrap_future(build)
             self.install(model)
+            self.stamps[name] = stamp
         return model
 
-    async def load_all(self, names: Iterable[str] | None = None) -> None:
-        """Load every model (or those `names`); a model that fails is reported and left out,
-        the rest serve."""
+    async def load_all(self, names: Iterable[str] | None = None,
+                       stamps: Mapping[str, str] | None = None) -> None:
+        """Load every model (or those `names`, each stamped as `stamps` says); a model that
+        fails is reported and left out, the rest serve."""
         for name in self.names() if names is None else names:
             try:
-                await self.load(name)
+                await self.load(name, (stamps or {}).get(name, STARTED))
             except QueryServeError as exc:
                 log.error("model '%s' not loaded: %s", name, exc.message)
 
@@ -220,6 +230,7 @@ class ModelRepository:
         """Take the model out of service; its queued work still runs to the end."""
         async with self._changing(name):
             self._take_out(name)
+            self.stamps.pop(name, None)
 
     def _take_out(self, name: str) -> None:
         if not self.exists(name) and name not in self.models:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -369,8 +370,12 @@ def test_a_replacement_catches_up_with_an_unload_made_while_it_loaded(tmp_path: 
                 "worker-0 queryserve.repository: model 'fast' ready") == before:
             assert time.monotonic() < deadline, server.log_text()
             time.sleep(0.05)
-        # The replacement loads `heavy` now: `slow` was served when it asked.
+        # The replacement loads `heavy` now: `slow` was served when it asked, and `fast` it
+        # has already (by name alone it kept that one for good, from before this reload).
         assert httpx.post(f"{server.url}/v2/repository/models/slow/unload").status_code == 200
+        config = tmp_path / "fast" / "model.yaml"
+        config.write_text(config.read_text().replace("dims: [16]", "dims: [8]"))
+        assert httpx.post(f"{server.url}/v2/repository/models/fast/load").status_code == 200
         while "worker-0 queryserve: listening on" not in \
                 server.log_text().split(f"pid {victim}) died")[-1]:
             assert time.monotonic() < deadline, server.log_text()
@@ -380,8 +385,45 @@ def test_a_replacement_catches_up_with_an_unload_made_while_it_loaded(tmp_path: 
             statuses = {client.post(f"{server.url}/v2/models/slow/infer",
                                     json=infer_body("gone"), headers={"connection": "close"}
                                     ).status_code for _ in range(40)}
-        assert statuses == {503}, server.log_text()  # from both workers
+            assert statuses == {503}, server.log_text()  # from both workers
+            widths = {len(client.post(f"{server.url}/v2/models/fast/infer",
+                                      json=infer_body("new"), headers={"connection": "close"}
+                                      ).json()["outputs"][0]["data"]) for _ in range(40)}
+        assert widths == {8}, server.log_text()  # the reloaded model, from both workers
     finally:
+        stop_server(server)
+
+
+def test_a_load_and_an_unload_at_once_leave_the_workers_agreeing(tmp_path: Path) -> None:
+    """Regression (the workers walk): each worker ran the change a client asked of it first,
+    then had the other run it: a load and an unload asked at once ran in opposite orders in
+    the two workers, and one served the model while the other answered 503, for good."""
+    write_fake_model(tmp_path, "fast")
+    write_fake_model(tmp_path, "slow", delay_ms=300)  # its loads take a while: they overlap
+    with (tmp_path / "slow" / "model.yaml").open("a") as config:
+        config.write("model_warmup: [{name: one, batch_size: 1, text: warm}]\n")
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
+    clients: dict[str, httpx.Client] = {}  # a keep-alive connection to each worker
+    try:
+        while len(clients) < 2:
+            client = httpx.Client(base_url=server.url, timeout=60)
+            process = client.post("/v2/models/fast/infer", json=infer_body("which")
+                                  ).headers["x-request-id"].split("-")[0]
+            if clients.setdefault(process, client) is not client:
+                client.close()
+        one, other = clients.values()
+        for _ in range(4):
+            with ThreadPoolExecutor(2) as pool:
+                loaded = pool.submit(one.post, "/v2/repository/models/slow/load")
+                unloaded = pool.submit(other.post, "/v2/repository/models/slow/unload")
+                assert loaded.result().status_code == unloaded.result().status_code == 200
+            statuses = {client.post("/v2/models/slow/infer", json=infer_body("which")
+                                    ).status_code for client in (one, other)}
+            assert len(statuses) == 1, (statuses, server.log_text())  # one server
+            assert one.post("/v2/repository/models/slow/load").status_code == 200
+    finally:
+        for client in clients.values():
+            client.close()
         stop_server(server)
 
 

@@ -190,7 +190,8 @@ def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
 
 async def _load(repository: ModelRepository, siblings: Siblings | None) -> None:
     """Every model of the repository; a replacement worker loads what its siblings serve."""
-    await repository.load_all(await siblings.models_served() if siblings is not None else None)
+    served = await siblings.models_served() if siblings is not None else None
+    await repository.load_all(served, served)
 
 
 async def _catch_up(repository: ModelRepository, siblings: Siblings) -> None:
@@ -203,10 +204,12 @@ async def _catch_up(repository: ModelRepository, siblings: Siblings) -> None:
     for name in sorted(set(repository.models) - set(served)):
         log.info("model '%s' was unloaded while this worker started: unloading it", name)
         await repository.unload(name)
-    missing = sorted(set(served) - set(repository.models))
-    if missing:
-        log.info("loaded while this worker started: %s", ", ".join(missing))
-        await repository.load_all(missing)
+    # Loaded, or loaded again (by name alone the old one served here for good).
+    changed = sorted(name for name, stamp in served.items()
+                     if name not in repository.models or repository.stamps.get(name) != stamp)
+    if changed:
+        log.info("loaded while this worker started: %s", ", ".join(changed))
+        await repository.load_all(changed, served)
 
 
 PREPARED = "prepared:"

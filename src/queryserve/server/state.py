@@ -8,8 +8,7 @@ the front ends read the rest.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -94,8 +93,10 @@ class Siblings(Protocol):
         """Each sibling's own snapshot (those that answer: one being replaced does not)."""
         ...
 
-    async def everywhere(self, action: str, name: str) -> None:
-        """`load` or `unload` model `name` in every sibling; an error names the worker."""
+    async def change(self, action: str, name: str,
+                     here: Callable[[str], Awaitable[object]]) -> None:
+        """`load` or `unload` model `name` in the whole server, in one order: here by
+        `here(stamp)`, and in every sibling; an error names the worker."""
         ...
 
 
@@ -158,13 +159,15 @@ class ServerState:
         """(Re)load a model here and in every sibling; answers when all have."""
         if self.siblings is None:
             await self.repository.load(name)
-            return
-        await _together(self.repository.load(name), self.siblings.everywhere("load", name))
+        else:
+            await self.siblings.change("load", name,
+                                       lambda stamp: self.repository.load(name, stamp))
 
     async def unload(self, name: str) -> None:
-        await self.repository.unload(name)
-        if self.siblings is not None:
-            await self.siblings.everywhere("unload", name)
+        if self.siblings is None:
+            await self.repository.unload(name)
+        else:
+            await self.siblings.change("unload", name, lambda _: self.repository.unload(name))
 
     # -- what every route asks of the server: one place each -------------------------------
 
@@ -232,11 +235,3 @@ class ServerState:
             raise InvalidInput(f"'{where}' is empty; send at least one")
         return decode_texts(raw, where)
 
-
-async def _together(*steps: Awaitable[object]) -> None:
-    """Run the steps at once and wait for all, then raise the first failure: one worker's
-    failed load must not leave the others' half done and unawaited."""
-    outcomes = await asyncio.gather(*steps, return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome

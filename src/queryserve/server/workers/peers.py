@@ -4,10 +4,14 @@ supervisor's private folder, one request and one answer per connection.
 What a worker asks its siblings for, and why it cannot just look:
 - `snapshot`: their figures, so a scrape or a statistics request counts the whole server's work
   whichever worker the kernel handed it to;
-- `load` / `unload`: the repository extension changes every worker's models, and answers when
-  all have (or names the one that failed);
-- `models`: a replacement worker serves what its siblings serve now, not what the folder held
-  when the server started.
+- `change`: a repository load or unload, whichever worker a client asked, is run by one worker,
+  the lowest-numbered that serves, one model's changes one at a time: each worker running its
+  own first ran a load and an unload asked at once in opposite orders, and the workers were
+  left split for good (one served the model, the other answered 503);
+- `load` / `unload`: what that worker has every other do, answering when all have (or naming
+  the one that failed), each load stamped alike;
+- `models`: a replacement worker serves what its siblings serve now (and the same load of it,
+  by its stamp), not what the folder held when the server started.
 
 Readiness needs no round trip: the supervisor shares one byte per worker (`Seat.serving`),
 which a worker sets while it listens with warm models and clears when it drains, and the
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import struct
 from collections.abc import Awaitable, Callable
@@ -31,6 +36,7 @@ from typing import Any
 
 from queryserve import errors
 from queryserve.errors import QueryServeError, ServeError, Unavailable
+from queryserve.repository import STARTED
 from queryserve.server.snapshot import Snapshot
 from queryserve.server.state import ServerState
 
@@ -89,6 +95,7 @@ class Siblings:
     def __init__(self, seat: Seat) -> None:
         self.seat = seat
         self.others = [w for w in range(seat.workers) if w != seat.worker]
+        self._changes: dict[str, asyncio.Lock] = {}  # when this worker runs the changes
 
     @property
     def worker(self) -> int:
@@ -116,8 +123,32 @@ class Siblings:
                 log.warning("worker %d gave no figures: %s", worker, answer)
         return found
 
-    async def everywhere(self, action: str, name: str) -> None:
-        answers = await asyncio.gather(*(self._ask(w, (action, name), LOAD_TIMEOUT_S)
+    async def change(self, action: str, name: str,
+                     here: Callable[[str], Awaitable[object]]) -> None:
+        runner = next((w for w in range(self.seat.workers) if self.seat.serving[w]),
+                      self.worker)
+        if runner != self.worker:
+            try:
+                answer = await self._ask(runner, ("change", action, name), LOAD_TIMEOUT_S)
+            except _Absent:
+                pass  # it died since: this worker runs the change
+            except (asyncio.IncompleteReadError, ConnectionError):
+                raise Unavailable(f"worker {runner} stopped before it could {action} "
+                                  f"'{name}' (draining, or died); try again") from None
+            else:
+                if isinstance(answer, BaseException):
+                    raise answer
+                return
+        async with self._changes.setdefault(name, asyncio.Lock()):
+            stamp = os.urandom(8).hex()
+            if action == "load":  # built everywhere at once
+                await _together(here(stamp), self._everywhere(action, name, stamp))
+            else:
+                await here(stamp)
+                await self._everywhere(action, name, stamp)
+
+    async def _everywhere(self, action: str, name: str, stamp: str) -> None:
+        answers = await asyncio.gather(*(self._ask(w, (action, name, stamp), LOAD_TIMEOUT_S)
                                          for w in self.others), return_exceptions=True)
         for worker, answer in zip(self.others, answers, strict=True):
             if isinstance(answer, _Absent):
@@ -138,13 +169,13 @@ class Siblings:
             elif isinstance(answer, BaseException):
                 raise ServeError(f"worker {worker} did not {action} '{name}': {answer}")
 
-    async def models_served(self) -> list[str] | None:
-        """The models a running sibling serves now, or None when none answers (the server is
-        starting: every worker loads the whole repository)."""
+    async def models_served(self) -> dict[str, str] | None:
+        """The models a running sibling serves now, each with its load's stamp, or None when
+        none answers (the server is starting: every worker loads the whole repository)."""
         for worker in self.others:
             with contextlib.suppress(_Absent, OSError, TimeoutError):
                 answer = await self._ask(worker, ("models",), SNAPSHOT_TIMEOUT_S)
-                if isinstance(answer, list):
+                if isinstance(answer, dict):
                     return answer
         return None
 
@@ -168,14 +199,24 @@ class _Absent(Exception):
 async def answer_siblings(state: ServerState, seat: Seat) -> asyncio.AbstractServer:
     """Listen on this worker's control socket and answer its siblings' requests, on this
     worker's loop (the only thread that touches its models and figures)."""
-    async def load(name: str) -> None:
-        await state.repository.load(name)  # the model itself stays here
+    repository = state.repository
+
+    async def change(action: str, name: str) -> None:
+        await (state.load(name) if action == "load" else state.unload(name))
+
+    async def load(name: str, stamp: str) -> None:
+        await repository.load(name, stamp)  # the model itself stays here
+
+    async def unload(name: str, stamp: str) -> None:
+        await repository.unload(name)
 
     actions: dict[str, Callable[..., Awaitable[object]]] = {
         "snapshot": _sync(state.snapshot_here),
-        "models": _sync(lambda: sorted(state.repository.models)),
+        "models": _sync(lambda: {name: repository.stamps.get(name, STARTED)
+                                 for name in sorted(repository.models)}),
+        "change": change,
         "load": load,
-        "unload": state.repository.unload,
+        "unload": unload,
     }
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -200,6 +241,15 @@ async def answer_siblings(state: ServerState, seat: Seat) -> asyncio.AbstractSer
     path = seat.socket(seat.worker)
     path.unlink(missing_ok=True)  # a worker this one replaces left its socket behind
     return await asyncio.start_unix_server(answer, path)
+
+
+async def _together(*steps: Awaitable[object]) -> None:
+    """Run the steps at once and wait for all, then raise the first failure: one worker's
+    failed load must not leave the others' half done and unawaited."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _sync(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
