@@ -141,3 +141,19 @@ def test_good_requests_are_answered_as_before_the_malformed_ones(
         assert answer.status_code == 200, (path, answer.text)
         if path in answers_before:
             assert answer.json() == answers_before[path], path
+
+
+@pytest.mark.parametrize(("path", "body", "unknown"), [
+    ("/v1/intent", {"queries": ["wake me up"], "topk": 3}, "topk"),
+    ("/v1/search", {"query": "taylor swift", "top_k": 2}, "top_k"),
+    ("/v1/spell", {"queries": ["taylor swfit"], "min_score": 0.9}, "min_score"),
+    ("/v1/duplicates", {"pairs": [["a", "b"]], "treshold": 0.9}, "treshold"),
+])
+def test_a_misspelled_option_of_a_task_route_is_refused(real_server: RunningServer, path: str,
+                                                        body: dict[str, Any],
+                                                        unknown: str) -> None:
+    """Regression (the docs walk): each was answered 200 with the option's default, as if
+    heard ({"topk": 3} gave one intent)."""
+    answer = httpx.post(f"{real_server.url}{path}", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"].startswith(f"unknown field '{unknown}'; {path} takes ")

@@ -23,7 +23,8 @@ from tests.conftest import REPOSITORY, RunningServer, free_port, start_server, s
 
 MAX_ITEMS = 2
 TOO_MANY = MAX_ITEMS + 1
-REFUSAL = f"the request has {TOO_MANY} items; at most {MAX_ITEMS} are allowed per request"
+REFUSAL = (f"the request has {TOO_MANY} items; at most {MAX_ITEMS} are allowed per request "
+           "(serve --max-items)")
 MODELS = ("embed", "intent", "spell", "duplicates")
 ALIASES = {"my-embed": "embed", "my-intent": "intent", "my-spell": "spell",
            "my-duplicates": "duplicates"}

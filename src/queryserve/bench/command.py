@@ -90,7 +90,7 @@ def add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     bench.add_argument("--protocol", choices=PROTOCOLS, default="kserve",
                        help="request format: KServe v2 JSON or binary, KServe v2 gRPC "
                             "(ModelInfer, raw tensors; open loop only), OpenAI embeddings, "
-                            "or a task route (/v1/spell, /v1/intent, /v1/search) "
+                            "or a task route (/v1/spell, /v1/intent, /v1/search, /v1/duplicates) "
                             "(default: %(default)s)")
     bench.add_argument("--path", default=None,
                        help="route to POST to (default: the protocol's, e.g. "

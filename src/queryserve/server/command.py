@@ -1,7 +1,8 @@
 """`queryserve serve`: its flags, and the `ServeOptions` they make.
 
-The environment is read here and nowhere else: `QUERYSERVE_API_KEY` (keys separated by commas)
-adds to `--api-key`, so a key need not appear in the process list.
+The environment is read here: `QUERYSERVE_API_KEY` (keys separated by commas) adds to
+`--api-key`, so a key need not appear in the process list. (OpenTelemetry's SDK reads its own
+`OTEL_*` variables, `OTEL_SERVICE_NAME` among them: `tracing.py`.)
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def infer_request(config: ModelConfig, parts: Sequence[TensorPart],
             # On the shape, before the data is decoded: 2,000,000 empty BYTES elements in
             # 8 MB cost 0.46 s of the loop's time before the same answer came.
             raise PayloadTooLarge(f"the request has {part.shape[0]} items; at most "
-                                  f"{max_items} are allowed per request")
+                                  f"{max_items} are allowed per request (serve --max-items)")
         values = (values_from_raw(part.raw, spec.datatype, count, where) if part.raw is not None
                   else read_data(part.data, spec.datatype, part.shape, where))
         if spec.name in inputs:

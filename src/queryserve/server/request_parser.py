@@ -209,7 +209,8 @@ class RequestParser:
                              "bad_request")
             if int(length) > self.max_body_bytes:
                 self._refuse(413, f"request body of {length} bytes is over the limit of "
-                                  f"{self.max_body_bytes} bytes", "body_too_large")
+                                  f"{self.max_body_bytes} bytes (serve --max-body-bytes)",
+                             "body_too_large")
         version = self.parser.get_http_version()
         self.http10 = version == "1.0"
         if version != "1.1" and not self.http10:
@@ -249,8 +250,8 @@ class RequestParser:
         self.head_bytes = _NO_HEAD
         self.body_bytes += len(body)
         if self.body_bytes > self.max_body_bytes:
-            self._refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes",
-                         "body_too_large")
+            self._refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes "
+                              "(serve --max-body-bytes)", "body_too_large")
         self._add_body(body)
 
     def _add_body(self, piece: bytes) -> None:

@@ -208,7 +208,8 @@ class ServerState:
         count = len(inputs.token_ids) if inputs.token_ids is not None else len(inputs.texts)
         if count > self.limits.max_items:
             error = PayloadTooLarge(f"the request has {count} items; at most "
-                                    f"{self.limits.max_items} are allowed per request")
+                                    f"{self.limits.max_items} are allowed per request "
+                                    "(serve --max-items)")
             model.stats.record_request(error.outcome, 0.0)
             raise error
         return model.infer(inputs)

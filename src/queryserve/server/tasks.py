@@ -54,7 +54,7 @@ class TaskRoutes:
     async def spell(self, request: Request) -> Response:
         """`{"queries": [...]}` -> `{"corrections": [{query, corrected, changed, score}]}`, by
         model `spell` or the spelling or text2text model named by `"model"`."""
-        body = json_body(request, SPELL)
+        body = self.body(request, SPELL, "/v1/spell", "queries")
         corrector = self.model(body, "spell", Corrections, "/v1/spell")
         with self.state.reading(corrector):
             queries = self.texts(body, "queries", SPELL)
@@ -64,7 +64,7 @@ class TaskRoutes:
     async def intent(self, request: Request) -> Response:
         """`{"queries": [...], "top_k": 3}` -> `{"results": [{"query", "intents": [{"intent",
         "score", "confident"}]}]}`, the likeliest labels first."""
-        body = json_body(request, INTENT)
+        body = self.body(request, INTENT, "/v1/intent", "queries", "top_k")
         classifier = self.model(body, "intent", Classifications, "/v1/intent")
         with self.state.reading(classifier):
             queries = self.texts(body, "queries", INTENT)
@@ -78,7 +78,7 @@ class TaskRoutes:
         """`{"pairs": [[a, b], ...], "threshold"?}` -> `{"threshold", "results":
         [{"probability", "duplicate"}]}`: whether each pair of product texts names one
         product."""
-        body = json_body(request, DUPLICATES)
+        body = self.body(request, DUPLICATES, "/v1/duplicates", "pairs", "threshold")
         scorer = self.model(body, "duplicates", PairScores, "/v1/duplicates")
         with self.state.reading(scorer):
             pairs = self.pairs(body)
@@ -94,13 +94,24 @@ class TaskRoutes:
         alongside: `{"query", "corrected", "changed", "spell_score", "searched", "intent":
         {"intent", "score", "confident"}, "catalog", "results": [{"id", "title",
         "performer_or_brand", "score"}], "timings_ms": {step: ms}, "skipped"}`."""
-        body = json_body(request, SEARCH)
+        body = self.body(request, SEARCH, "/v1/search", "query", "k", "catalog", "spell")
         searcher = self.model(body, "search", Searches, "/v1/search")
         with self.state.reading(searcher):
             query = _search_query(body)
         result = await self.state.infer(searcher, Inputs([query], parameters=_options(
             body, "k", "catalog", "spell")))
         return json_response(_search_answer(result.answers[0]))
+
+    @staticmethod
+    def body(request: Request, example: str, route: str, *fields: str) -> dict[str, Any]:
+        """The body as a JSON object of the route's fields (and `model`): a misspelled option
+        (`"topk": 3`) is refused, where it was answered with the default, as if heard."""
+        body = json_body(request, example)
+        allowed = (*fields, "model")
+        if unknown := [str(name) for name in body if name not in allowed]:
+            raise InvalidInput(f"unknown field '{unknown[0][:80]}'; {route} takes "
+                               f"{', '.join(allowed)}")
+        return body
 
     def model(self, body: dict[str, Any], default: str, kind: type[T], route: str) -> Model[T]:
         """The model the body names (`"model"`: a name or an alias, or the route's

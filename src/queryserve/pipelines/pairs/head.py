@@ -43,7 +43,8 @@ class PairHead:
                                   "writes")
         with np.load(path) as saved:
             return cls(saved["w1"], saved["b1"], saved["w2"], saved["b2"],
-                       float(saved["threshold"]))
+                       # saved as float32: 0.4 came back 0.4000000059604645 in answers
+                       round(float(saved["threshold"]), 6))
 
     def save(self, folder: Path) -> None:
         np.savez(folder / FILE, w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2,
