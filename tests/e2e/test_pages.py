@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import start_server, stop_server, write_fake_model
+from tests.conftest import REPOSITORY, start_server, stop_server, write_fake_model
 from tests.e2e.test_search import CHROMIUM
 
 STALE = "document.querySelector('table').classList.contains('stale')"
@@ -75,6 +75,50 @@ def test_regression_dashboard_marks_its_figures_stale_when_the_server_stops_answ
         page.wait_for_function(STALE, timeout=10_000)
         assert "cannot connect" in page.locator("#status").inner_text()
         assert page.locator("tr[data-model='fast']").count() == 1  # the last figures, marked
+    finally:
+        page.close()
+        if server.process.poll() is None:
+            stop_server(server)
+
+
+def test_regression_search_page_clears_old_results_when_the_server_hangs_or_is_down(
+        tmp_path: Path, browser: Any) -> None:
+    """With the server hung, the box said `hello adele` over the results of `shake it off`,
+    with no error and no sign of a search running, for as long as the server was stuck; down,
+    the page said `Failed to fetch` above them. Now the old results are dimmed while a search
+    runs, cleared when it fails, and the search is tried again until the server answers."""
+    server = start_server(REPOSITORY, tmp_path / "server.log")
+    page = browser.new_page()
+    results = page.locator("#results li")
+    try:
+        page.goto(f"{server.url}/")
+        page.locator("#q").fill("shake it off")
+        page.wait_for_function("document.querySelectorAll('#results li').length === 10",
+                               timeout=15_000)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            page.locator("#q").fill("hello adele")
+            page.wait_for_function(
+                "document.getElementById('meta').textContent === 'Searching…'", timeout=3_000)
+            assert page.locator("#results.stale").count() == 1
+            page.wait_for_function("document.getElementById('error').textContent !== ''",
+                                   timeout=15_000)
+            assert page.locator("#error").inner_text().startswith(
+                "The search server is not answering")
+            assert results.count() == 0 and page.locator("#meta").inner_text() == ""
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        # Tried again by itself once the server answers: no keystroke needed.
+        page.wait_for_function("document.querySelectorAll('#results li').length === 10",
+                               timeout=20_000)
+        assert page.locator("#error").inner_text() == ""
+        assert "Adele" in page.locator("#results").inner_text()
+        stop_server(server)
+        page.locator("#q").fill("love story")
+        page.wait_for_function("document.getElementById('error').textContent !== ''",
+                               timeout=15_000)
+        assert page.locator("#error").inner_text().startswith("Can't reach the search server.")
+        assert results.count() == 0 and page.locator("#timings").inner_text() == ""
     finally:
         page.close()
         if server.process.poll() is None:
