@@ -154,3 +154,58 @@ def test_regression_dashboard_never_shows_a_negative_rate_after_a_model_is_reloa
     finally:
         page.close()
         stop_server(server)
+
+
+def test_regression_a_wrong_api_key_is_said_on_the_page_and_never_asked_for_in_a_loop(
+        tmp_path: Path, browser: Any) -> None:
+    """With a wrong key the dashboard opened 20 prompt() dialogs in 6 s (each tick asked up to
+    3 times); after a Cancel the dashboard stayed empty without a word, the search page said
+    `send 'Authorization: Bearer KEY'` and neither asked again until a reload; the key was
+    typed in clear text. Now a refusal shows one small form, with a password field, and says
+    on the page that the key is needed or wrong; nothing asks or retries until a key is given."""
+    write_fake_model(tmp_path, "fast")
+    server = start_server(tmp_path, tmp_path / "server.log", "--api-key", "s3cret")
+    page = browser.new_page()
+    dialogs: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept("wrong")
+
+    scrapes: list[str] = []
+    page.on("dialog", answer)
+    page.on("request", lambda r: scrapes.append(r.url) if r.url.endswith("/metrics") else None)
+    form, key = page.locator("#api-key"), page.locator("#api-key input[type=password]")
+    try:
+        page.goto(f"{server.url}/dashboard")
+        form.wait_for(timeout=5_000)
+        assert page.locator("#status").inner_text() == \
+            "This server needs an API key: enter it above."
+        key.fill("wrong")
+        key.press("Enter")
+        page.wait_for_function(
+            "document.getElementById('status').textContent.includes('refused')", timeout=5_000)
+        assert form.inner_text().startswith("The server refused this API key.")
+        refused = len(scrapes)
+        page.wait_for_timeout(3_000)
+        assert len(scrapes) == refused and dialogs == []  # no scrape, no dialog, until asked
+        key.fill("s3cret")
+        key.press("Enter")
+        page.locator("tr[data-model='fast']").wait_for(timeout=10_000)
+        assert form.is_hidden() and page.locator("#status").inner_text() == ""
+
+        page.goto(f"{server.url}/")
+        page.evaluate("sessionStorage.setItem('queryserve-api-key', 'rotated')")
+        page.locator("#q").fill("jazz")
+        page.wait_for_function("document.getElementById('error').textContent !== ''",
+                               timeout=10_000)
+        assert page.locator("#error").inner_text() == \
+            "The server refused the API key: enter the right one above."
+        key.fill("s3cret")
+        key.press("Enter")  # searched again with it (this repository has no `search`)
+        page.wait_for_function(
+            "document.getElementById('error').textContent.includes('search')", timeout=10_000)
+        assert "API key" not in page.locator("#error").inner_text() and dialogs == []
+    finally:
+        page.close()
+        stop_server(server)
