@@ -209,3 +209,33 @@ def test_regression_a_wrong_api_key_is_said_on_the_page_and_never_asked_for_in_a
     finally:
         page.close()
         stop_server(server)
+
+
+def test_regression_dashboard_shows_failing_requests_and_a_model_not_ready(
+        tmp_path: Path, browser: Any) -> None:
+    """60 requests to `search` answered 400 and its row stayed `0.0 – – – 0`; an unloaded model
+    showed 0.0 requests/s, as an idle healthy one does: only successes were counted, and
+    `queryserve_model_ready` was not read."""
+    write_fake_model(tmp_path, "fast")
+    server = start_server(tmp_path, tmp_path / "server.log")
+    page = browser.new_page()
+    row = page.locator("tr[data-model='fast']")
+    try:
+        page.goto(f"{server.url}/dashboard")
+        row.wait_for(timeout=15_000)
+        assert row.locator(".state").inner_text() == "ready"
+        with httpx.Client() as client:
+            for _ in range(30):  # each refused 400: outcome="invalid"
+                assert client.post(f"{server.url}/v1/embeddings",
+                                   json={"model": "fast", "input": 123}).status_code == 400
+        page.wait_for_function(
+            "Number(document.querySelector(\"tr[data-model='fast'] .errors\").textContent) > 0",
+            timeout=10_000)
+        assert row.locator(".errors.failing").count() == 1
+        assert row.locator(".rate").inner_text() == "0.0"
+        assert httpx.post(f"{server.url}/v2/repository/models/fast/unload").status_code == 200
+        page.locator("tr.not-ready[data-model='fast']").wait_for(timeout=10_000)
+        assert row.locator(".state").inner_text() == "not ready"
+    finally:
+        page.close()
+        stop_server(server)
