@@ -15,10 +15,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPOSITORY, start_server, stop_server, write_fake_model
+from tests.conftest import (
+    REPOSITORY,
+    RunningServer,
+    start_server,
+    stop_server,
+    write_fake_model,
+)
 from tests.e2e.test_search import CHROMIUM
 
 STALE = "document.querySelector('table').classList.contains('stale')"
+ERROR = "document.getElementById('error').textContent !== ''"
+TEN = "document.querySelectorAll('#results li').length === 10"
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +40,15 @@ def browser() -> Iterator[Any]:
                                              args=["--no-sandbox"])
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def search_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The default repository, as `make run` serves it: this module's own, as its tests unload
+    models (and load them again)."""
+    server = start_server(REPOSITORY, tmp_path_factory.mktemp("pages") / "server.log")
+    yield server
+    stop_server(server)
 
 
 def test_regression_dashboard_marks_its_figures_stale_when_the_server_stops_answering(
@@ -239,3 +256,52 @@ def test_regression_dashboard_shows_failing_requests_and_a_model_not_ready(
     finally:
         page.close()
         stop_server(server)
+
+
+def test_regression_search_page_says_what_failed_in_words(
+        search_server: RunningServer, browser: Any) -> None:
+    """The error line showed `Failed to fetch`, `Unexpected token '<', "<html><bod"... is not
+    valid JSON` (a proxy's 502), `Unexpected end of JSON input` (a 429 with no body),
+    `[object Object]` (`{"error": {"message": ...}}`), `body.results is not iterable`, and a
+    503's instructions for the operator (`load it through the repository API ...`)."""
+    page = browser.new_page()
+    answers = {
+        "proxy": (502, "text/html", "<html><body>Bad Gateway</body></html>"),
+        "busy": (429, "text/plain", ""),
+        "shape": (400, "application/json", '{"error": {"message": "query too odd."}}'),
+        "null": (200, "application/json", '{"results": null}'),
+    }
+
+    def fulfil(route: Any) -> None:
+        status, kind, body = answers[route.request.post_data_json["query"]]
+        route.fulfill(status=status, content_type=kind, body=body)
+
+    try:
+        page.goto(f"{search_server.url}/")
+        page.route("**/v1/search", fulfil)
+        for query, said in [
+                ("proxy", "No answer from the search server (HTTP 502). Trying again in 5 s."),
+                ("busy", "Too many searches at the moment (HTTP 429). Trying again in 5 s."),
+                ("shape", "The server refused this search: query too odd."),
+                ("null", "The server's answer could not be read.")]:
+            page.locator("#q").fill(query)
+            page.wait_for_function("said => document.getElementById('error').textContent"
+                                   ".startsWith(said)", arg=said, timeout=10_000)
+            assert page.locator("#results li").count() == 0
+        page.unroute("**/v1/search")
+        page.locator("#q").fill("shake it off")
+        page.wait_for_function(TEN, timeout=15_000)
+        url = search_server.url
+        assert httpx.post(f"{url}/v2/repository/models/embed/unload").status_code == 200
+        try:
+            page.locator("#q").fill("hello adele")
+            page.wait_for_function(ERROR, timeout=10_000)
+            assert page.locator("#error").inner_text().startswith(
+                "Search is unavailable for the moment (HTTP 503).")
+            assert page.locator("#results li").count() == 0
+        finally:
+            assert httpx.post(f"{url}/v2/repository/models/embed/load",
+                              timeout=120).status_code == 200
+        page.wait_for_function(TEN, timeout=15_000)  # tried again by itself
+    finally:
+        page.close()
