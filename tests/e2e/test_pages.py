@@ -305,3 +305,23 @@ def test_regression_search_page_says_what_failed_in_words(
         page.wait_for_function(TEN, timeout=15_000)  # tried again by itself
     finally:
         page.close()
+
+
+def test_regression_search_page_says_which_steps_were_skipped(
+        search_server: RunningServer, browser: Any) -> None:
+    """With `spell` unloaded the answer said `"skipped": ["spell"]`, and the page searched
+    `taylor swfit shak it off` as typed without a word: no correction, no note."""
+    page = browser.new_page()
+    url = search_server.url
+    assert httpx.post(f"{url}/v2/repository/models/spell/unload").status_code == 200
+    try:
+        page.goto(f"{url}/")
+        page.locator("#q").fill("taylor swfit shak it off")
+        page.locator("#meta .skipped").wait_for(timeout=15_000)
+        assert page.locator("#meta .skipped").inner_text() == \
+            "Skipped for now: spell. No spelling correction: searched as typed."
+        assert page.locator("#results li").count() == 10
+    finally:
+        page.close()
+        assert httpx.post(f"{url}/v2/repository/models/spell/load",
+                          timeout=120).status_code == 200
