@@ -325,3 +325,25 @@ def test_regression_search_page_says_which_steps_were_skipped(
         page.close()
         assert httpx.post(f"{url}/v2/repository/models/spell/load",
                           timeout=120).status_code == 200
+
+
+def test_regression_search_instead_for_holds_when_the_catalog_changes(
+        search_server: RunningServer, browser: Any) -> None:
+    """After "Search instead for taylor swfit", a switch to products (and back) brought back
+    "Showing results for taylor swift": a change of catalog always searched with spelling."""
+    page = browser.new_page()
+    corrected = page.locator("#meta .corrected")
+    try:
+        page.goto(f"{search_server.url}/")
+        page.locator("#q").fill("taylor swfit")
+        corrected.wait_for(timeout=15_000)
+        page.locator("#meta a.typed").click()
+        corrected.wait_for(state="detached", timeout=15_000)
+        for name in ("products", "songs"):
+            page.locator("#catalog").select_option(name)
+            page.wait_for_timeout(1_000)
+            assert corrected.count() == 0 and page.locator("#results li").count() > 0
+        page.locator("#q").fill("taylor swfit shak it off")  # typing: corrected again
+        corrected.wait_for(timeout=15_000)
+    finally:
+        page.close()
