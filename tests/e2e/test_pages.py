@@ -347,3 +347,42 @@ def test_regression_search_instead_for_holds_when_the_catalog_changes(
         corrected.wait_for(timeout=15_000)
     finally:
         page.close()
+
+
+def contrast(page: Any, selector: str, background: str) -> float:
+    """WCAG's contrast ratio of an element's text colour on the colour of `background`."""
+    def luminance(css: str) -> float:
+        channels = [int(x) / 255 for x in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
+        r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+                   for c in channels)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    text = luminance(page.locator(selector).first.evaluate("e => getComputedStyle(e).color"))
+    behind = luminance(page.locator(background).first.evaluate(
+        "e => getComputedStyle(e).backgroundColor"))
+    return (max(text, behind) + 0.05) / (min(text, behind) + 0.05)
+
+
+def test_regression_pages_name_their_controls_announce_answers_and_have_contrast(
+        search_server: RunningServer, browser: Any) -> None:
+    """The search box and the catalog had no accessible name, nothing was announced to a screen
+    reader, the score and the unsure intent were grey at 3.3:1 and 3.0:1, and the dashboard's
+    table had no caption, no header scopes, and its charts no text."""
+    page = browser.new_page()
+    try:
+        page.goto(f"{search_server.url}/")
+        page.get_by_role("searchbox", name="Search").fill("taylor swfit shak it off")
+        assert page.get_by_role("combobox", name="Catalog").count() == 1
+        assert page.locator("#meta").get_attribute("role") == "status"
+        assert page.locator("#error").get_attribute("role") == "alert"
+        page.locator("#meta .intent.unsure").wait_for(timeout=15_000)
+        assert contrast(page, "li .score", "li") >= 4.5
+        assert contrast(page, ".chip.unsure", ".chip.unsure") >= 4.5
+        page.goto(f"{search_server.url}/dashboard")
+        page.locator("tr[data-model='embed']").wait_for(timeout=15_000)
+        assert page.locator("caption").inner_text()
+        assert page.locator("th:not([scope=col])").count() == 0
+        assert page.locator("tr[data-model='embed'] svg").get_attribute(
+            "aria-label").startswith("requests/s over the last")
+    finally:
+        page.close()
