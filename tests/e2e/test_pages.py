@@ -22,7 +22,7 @@ from tests.conftest import (
     stop_server,
     write_fake_model,
 )
-from tests.e2e.test_search import CHROMIUM
+from tests.e2e.test_search import CHROMIUM, wait_until
 
 STALE = "document.querySelector('table').classList.contains('stale')"
 ERROR = "document.getElementById('error').textContent !== ''"
@@ -79,7 +79,7 @@ def test_regression_dashboard_marks_its_figures_stale_when_the_server_stops_answ
         assert page.locator("#status").inner_text() == ""
         os.kill(server.process.pid, signal.SIGSTOP)  # hung: connections open, no answers
         try:
-            page.wait_for_function(STALE, timeout=10_000)
+            wait_until(page, STALE, timeout=10_000)
             status = page.locator("#status").inner_text()
             assert status.startswith("Server not answering since "), status
             assert "no answer within 4 s" in status
@@ -87,10 +87,10 @@ def test_regression_dashboard_marks_its_figures_stale_when_the_server_stops_answ
             assert most[0] == 1  # one scrape at a time, hung or not
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
-        page.wait_for_function(f"!{STALE}", timeout=15_000)  # back by itself
+        wait_until(page, f"!{STALE}", timeout=15_000)  # back by itself
         assert page.locator("#status").inner_text() == ""
         stop_server(server)  # down: connections refused
-        page.wait_for_function(STALE, timeout=10_000)
+        wait_until(page, STALE, timeout=10_000)
         assert "cannot connect" in page.locator("#status").inner_text()
         assert page.locator("tr[data-model='fast']").count() == 1  # the last figures, marked
     finally:
@@ -111,30 +111,26 @@ def test_regression_search_page_clears_old_results_when_the_server_hangs_or_is_d
     try:
         page.goto(f"{server.url}/")
         page.locator("#q").fill("shake it off")
-        page.wait_for_function("document.querySelectorAll('#results li').length === 10",
-                               timeout=15_000)
+        wait_until(page, TEN, timeout=15_000)
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
             page.locator("#q").fill("hello adele")
-            page.wait_for_function(
-                "document.getElementById('meta').textContent === 'Searching…'", timeout=3_000)
+            wait_until(
+                page, "document.getElementById('meta').textContent === 'Searching…'", timeout=3_000)
             assert page.locator("#results.stale").count() == 1
-            page.wait_for_function("document.getElementById('error').textContent !== ''",
-                                   timeout=15_000)
+            wait_until(page, ERROR, timeout=15_000)
             assert page.locator("#error").inner_text().startswith(
                 "The search server is not answering")
             assert results.count() == 0 and page.locator("#meta").inner_text() == ""
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
         # Tried again by itself once the server answers: no keystroke needed.
-        page.wait_for_function("document.querySelectorAll('#results li').length === 10",
-                               timeout=20_000)
+        wait_until(page, TEN, timeout=20_000)
         assert page.locator("#error").inner_text() == ""
         assert "Adele" in page.locator("#results").inner_text()
         stop_server(server)
         page.locator("#q").fill("love story")
-        page.wait_for_function("document.getElementById('error').textContent !== ''",
-                               timeout=15_000)
+        wait_until(page, ERROR, timeout=15_000)
         assert page.locator("#error").inner_text().startswith("Can't reach the search server.")
         assert results.count() == 0 and page.locator("#timings").inner_text() == ""
     finally:
@@ -158,8 +154,8 @@ def test_regression_dashboard_never_shows_a_negative_rate_after_a_model_is_reloa
             for i in range(40):
                 client.post(f"{server.url}/v1/embeddings",
                             json={"model": "fast", "input": f"query {i}"})
-        page.wait_for_function(f"Number(document.querySelector(\"{rate}\").textContent) > 0",
-                               timeout=10_000)
+        wait_until(page, f"Number(document.querySelector(\"{rate}\").textContent) > 0",
+                         timeout=10_000)
         assert httpx.post(f"{server.url}/v2/repository/models/fast/unload").status_code == 200
         assert httpx.post(f"{server.url}/v2/repository/models/fast/load",
                           timeout=60).status_code == 200
@@ -200,8 +196,8 @@ def test_regression_a_wrong_api_key_is_said_on_the_page_and_never_asked_for_in_a
             "This server needs an API key: enter it above."
         key.fill("wrong")
         key.press("Enter")
-        page.wait_for_function(
-            "document.getElementById('status').textContent.includes('refused')", timeout=5_000)
+        wait_until(page, "document.getElementById('status').textContent.includes('refused')",
+                   timeout=5_000)
         assert form.inner_text().startswith("The server refused this API key.")
         refused = len(scrapes)
         page.wait_for_timeout(3_000)
@@ -214,14 +210,13 @@ def test_regression_a_wrong_api_key_is_said_on_the_page_and_never_asked_for_in_a
         page.goto(f"{server.url}/")
         page.evaluate("sessionStorage.setItem('queryserve-api-key', 'rotated')")
         page.locator("#q").fill("jazz")
-        page.wait_for_function("document.getElementById('error').textContent !== ''",
-                               timeout=10_000)
+        wait_until(page, ERROR, timeout=10_000)
         assert page.locator("#error").inner_text() == \
             "The server refused the API key: enter the right one above."
         key.fill("s3cret")
         key.press("Enter")  # searched again with it (this repository has no `search`)
-        page.wait_for_function(
-            "document.getElementById('error').textContent.includes('search')", timeout=10_000)
+        wait_until(
+            page, "document.getElementById('error').textContent.includes('search')", timeout=10_000)
         assert "API key" not in page.locator("#error").inner_text() and dialogs == []
     finally:
         page.close()
@@ -230,9 +225,9 @@ def test_regression_a_wrong_api_key_is_said_on_the_page_and_never_asked_for_in_a
 
 def test_regression_dashboard_shows_failing_requests_and_a_model_not_ready(
         tmp_path: Path, browser: Any) -> None:
-    """60 requests to `search` answered 400 and its row stayed `0.0 – – – 0`; an unloaded model
-    showed 0.0 requests/s, as an idle healthy one does: only successes were counted, and
-    `queryserve_model_ready` was not read."""
+    """60 requests to `search` answered 400 and its row stayed at 0.0 requests/s and nothing
+    else; an unloaded model showed 0.0 requests/s, as an idle healthy one does: only successes
+    were counted, and `queryserve_model_ready` was not read."""
     write_fake_model(tmp_path, "fast")
     server = start_server(tmp_path, tmp_path / "server.log")
     page = browser.new_page()
@@ -245,9 +240,8 @@ def test_regression_dashboard_shows_failing_requests_and_a_model_not_ready(
             for _ in range(30):  # each refused 400: outcome="invalid"
                 assert client.post(f"{server.url}/v1/embeddings",
                                    json={"model": "fast", "input": 123}).status_code == 400
-        page.wait_for_function(
-            "Number(document.querySelector(\"tr[data-model='fast'] .errors\").textContent) > 0",
-            timeout=10_000)
+        wait_until(page, "Number(document.querySelector(\"tr[data-model='fast'] .errors\")"
+                         ".textContent) > 0", timeout=10_000)
         assert row.locator(".errors.failing").count() == 1
         assert row.locator(".rate").inner_text() == "0.0"
         assert httpx.post(f"{server.url}/v2/repository/models/fast/unload").status_code == 200
@@ -285,24 +279,24 @@ def test_regression_search_page_says_what_failed_in_words(
                 ("shape", "The server refused this search: query too odd."),
                 ("null", "The server's answer could not be read.")]:
             page.locator("#q").fill(query)
-            page.wait_for_function("said => document.getElementById('error').textContent"
-                                   ".startsWith(said)", arg=said, timeout=10_000)
+            wait_until(page, "said => document.getElementById('error').textContent"
+                             ".startsWith(said)", arg=said, timeout=10_000)
             assert page.locator("#results li").count() == 0
         page.unroute("**/v1/search")
         page.locator("#q").fill("shake it off")
-        page.wait_for_function(TEN, timeout=15_000)
+        wait_until(page, TEN, timeout=15_000)
         url = search_server.url
         assert httpx.post(f"{url}/v2/repository/models/embed/unload").status_code == 200
         try:
             page.locator("#q").fill("hello adele")
-            page.wait_for_function(ERROR, timeout=10_000)
+            wait_until(page, ERROR, timeout=10_000)
             assert page.locator("#error").inner_text().startswith(
                 "Search is unavailable for the moment (HTTP 503).")
             assert page.locator("#results li").count() == 0
         finally:
             assert httpx.post(f"{url}/v2/repository/models/embed/load",
                               timeout=120).status_code == 200
-        page.wait_for_function(TEN, timeout=15_000)  # tried again by itself
+        wait_until(page, TEN, timeout=15_000)  # tried again by itself
     finally:
         page.close()
 
@@ -384,5 +378,39 @@ def test_regression_pages_name_their_controls_announce_answers_and_have_contrast
         assert page.locator("th:not([scope=col])").count() == 0
         assert page.locator("tr[data-model='embed'] svg").get_attribute(
             "aria-label").startswith("requests/s over the last")
+    finally:
+        page.close()
+
+
+def test_regression_pages_are_sent_with_security_headers_and_work_under_them(
+        search_server: RunningServer, browser: Any) -> None:
+    """The pages, which ask for the API key, were sent with no Content-Security-Policy and
+    could be framed by any site; the dashboard put scraped model names into innerHTML (a
+    crafted /metrics ran an `onerror`)."""
+    page = browser.new_page()
+    console: list[str] = []
+    page.on("console", lambda message: console.append(message.text))
+    page.on("pageerror", lambda error: console.append(str(error)))
+    try:
+        for path in ("/", "/dashboard"):
+            headers = httpx.get(f"{search_server.url}{path}").headers
+            policy = headers["content-security-policy"]
+            assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+            assert "unsafe-inline" not in policy and "'sha256-" in policy
+            assert (headers["x-content-type-options"], headers["x-frame-options"],
+                    headers["referrer-policy"], headers["cache-control"]) == (
+                "nosniff", "DENY", "no-referrer", "no-cache")
+        page.goto(f"{search_server.url}/")
+        page.locator("#q").fill("taylor swfit shak it off")
+        page.locator("#meta .corrected").wait_for(timeout=15_000)
+        page.goto(f"{search_server.url}/dashboard")
+        page.locator("tr[data-model='embed']").wait_for(timeout=15_000)
+        name = "<img src=x onerror=window.pwned=1>"
+        page.route("**/metrics", lambda route: route.fulfill(
+            status=200, content_type="text/plain",
+            body=f'queryserve_requests_total{{model="{name}",outcome="success"}} 1\n'))
+        page.locator("#models td").filter(has_text=name).wait_for(timeout=5_000)
+        assert page.evaluate("window.pwned") is None
+        assert not [text for text in console if "Content Security Policy" in text], console
     finally:
         page.close()

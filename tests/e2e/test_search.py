@@ -7,6 +7,7 @@ default repository as `make run` serves it, and the web page and dashboard in a 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,17 @@ from tests.conftest import (
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
+
+
+def wait_until(page: Any, predicate: str, timeout: float, arg: Any = None) -> None:
+    """`page.wait_for_function`, for pages sent with a Content-Security-Policy: Playwright's
+    polling evaluates the predicate as a string in the page (`eval`, which the policy
+    refuses), where `page.evaluate` does not."""
+    deadline = time.monotonic() + timeout / 1000  # in ms, as Playwright's
+    while not page.evaluate(predicate, arg):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout} ms: {predicate}")
+        page.wait_for_timeout(100)
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +230,8 @@ def test_dashboard_shows_throughput_after_a_burst(real_server: RunningServer,
         for i in range(60):  # a bounded burst, on 127.0.0.1 only
             client.post(f"{real_server.url}/v1/embeddings",
                         json={"model": "embed", "input": f"burst query {i}"})
-    page.wait_for_function(
-        "Number(document.querySelector(\"tr[data-model='embed'] .rate\").textContent) > 0",
+    wait_until(
+        page, "Number(document.querySelector(\"tr[data-model='embed'] .rate\").textContent) > 0",
         timeout=15_000)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     page.close()
@@ -247,8 +259,8 @@ def test_the_pages_ask_for_the_api_key_and_use_it(tmp_path: Path, browser: objec
         # past the key to the model (this repository has no `search`).
         assert page.goto(f"{server.url}/").status == 200
         page.locator("#q").press_sequentially("jazz", delay=20)
-        page.wait_for_function("document.getElementById('error').textContent.includes('search')",
-                               timeout=15_000)
+        wait_until(page, "document.getElementById('error').textContent.includes('search')",
+                         timeout=15_000)
         assert "API key" not in page.locator("#error").inner_text()
         assert page.locator("#api-key").is_hidden()
         page.close()
