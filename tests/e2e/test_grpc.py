@@ -474,7 +474,7 @@ def test_the_grpc_port_holds_http_s_connection_limits(tmp_path: Path) -> None:
     served = serve(tmp_path, "--max-connections", "4", "--header-timeout", "1",
                    "--idle-timeout", "2")
     host, port = served.grpc_address.rsplit(":", 1)
-    silent = [socket.create_connection((host, int(port))) for _ in range(6)]
+    silent: list[socket.socket] = []
 
     def closed(sock: socket.socket) -> bool:
         sock.settimeout(0.05)
@@ -486,6 +486,7 @@ def test_the_grpc_port_holds_http_s_connection_limits(tmp_path: Path) -> None:
         return True
 
     try:
+        silent += [socket.create_connection((host, int(port))) for _ in range(6)]
         time.sleep(0.5)
         assert sum(map(closed, silent)) == 2  # over the cap of 4: closed at once
         time.sleep(1.5)

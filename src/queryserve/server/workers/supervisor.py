@@ -249,11 +249,6 @@ def _worker_main(options: ServeOptions, log_level: str, supervisor: int) -> None
     except QueryServeError as exc:
         log.error("worker %d: %s", seat.worker, exc.message)
         raise SystemExit(1) from None
-    finally:
-        if os.getppid() != supervisor:  # it was killed: its folder is left to the workers
-            seat.socket(seat.worker).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # the last one out removes it
-                seat.folder.rmdir()
 
 
 PR_SET_PDEATHSIG = 1
