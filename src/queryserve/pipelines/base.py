@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from queryserve.api import Inputs
 from queryserve.backends import Backend
-from queryserve.config import ModelConfig
+from queryserve.config import MODEL_FILE, ModelConfig
 from queryserve.errors import ConfigError, InvalidInput
 from queryserve.scheduling.cache import LruCache
 from queryserve.scheduling.scheduler import Scheduler
@@ -65,7 +65,7 @@ def graph_output(config: ModelConfig, backends: Sequence[Backend], name: str,
     a name that is not one loaded, and every batch then failed with a bare KeyError."""
     given = backends[0].output_names
     if name not in given:
-        raise ConfigError(f"{config.path / 'model.yaml'}: {field} is '{name}', which the model "
+        raise ConfigError(f"{config.path / MODEL_FILE}: {field} is '{name}', which the model "
                           f"does not give; its outputs are {', '.join(given)}")
     return name
 

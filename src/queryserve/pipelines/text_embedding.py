@@ -61,7 +61,7 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         super().__init__(config, backends, stats)
         self.tokenizer = tokenizer
         self.dim = config.outputs[0].dims[-1]
-        self.reads = self.graph_output(config, backends)
+        self.reads = self.output_read(config, backends)
         self.wants_token_types = "token_type_ids" in backends[0].input_names
         self.vocabulary_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.max_length: int | None = (tokenizer.truncation or {}).get("max_length")
@@ -116,7 +116,7 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
             return pad_token_ids([p[0] for p in payloads], segments)
         return pad_token_ids(payloads, token_types=self.wants_token_types)
 
-    def graph_output(self, config: ModelConfig, backends: Sequence[Backend]) -> str:
+    def output_read(self, config: ModelConfig, backends: Sequence[Backend]) -> str:
         """The backend output the rows are read from: the model's declared one."""
         return graph_output(config, backends, self.output_name, "output[0].name")
 

@@ -71,7 +71,7 @@ class CrossPairScoring(EncoderRows[PairScores]):
         raise InvalidInput(f"model '{self.config.name}' scores pairs of texts; it takes text, "
                            "not token ids")
 
-    def graph_output(self, config: ModelConfig, backends: Sequence[Backend]) -> str:
+    def output_read(self, config: ModelConfig, backends: Sequence[Backend]) -> str:
         return graph_output(config, backends,
                             config.parameter("probabilities_output", "probabilities"),
                             "parameters.probabilities_output")
