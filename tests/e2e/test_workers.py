@@ -2,15 +2,16 @@
 
 Both workers answer; `/metrics` and the statistics (HTTP and gRPC) count exactly what was sent,
 whichever worker a scrape reaches; a reload under load reaches both and fails no request; a
-worker killed with SIGKILL is replaced while the other serves; SIGTERM with ~2,000 items queued
-answers every request written before it, and every process exits; one HTTP client and one
-gRPC channel, their connection aged, reach both workers. A real server on 127.0.0.1
-with fake models (a set compute time per batch), every wait bounded.
+worker killed with SIGKILL is replaced while the other serves, and so is one stuck; SIGTERM
+with ~2,000 items queued answers every request written before it, and every process exits;
+one HTTP client and one gRPC channel, their connection aged, reach both workers. A real
+server on 127.0.0.1 with fake models (a set compute time per batch), every wait bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -204,6 +205,37 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(
     assert len({answering_process(server.url) for _ in range(40)}) == 2  # both serve again
 
 
+def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path) -> None:
+    """A worker whose event loop stops turning (SIGSTOP here; a deadlock or a call that never
+    returns in life) answers nobody, while the kernel goes on handing it new connections and
+    readiness said 200: after `--worker-timeout` the supervisor kills it and starts another."""
+    write_fake_model(tmp_path, "fast")
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS, "--worker-timeout", "2")
+    victim = worker_pids(server)[0]
+    try:
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.monotonic()
+        deadline = stopped + 60
+        while time.monotonic() < deadline and worker_pids(server).get(0) == victim:
+            time.sleep(0.05)
+        replaced_s = time.monotonic() - stopped
+        text = server.log_text()
+        assert f"worker 0 (pid {victim}): its event loop has not turned for" in text, text
+        assert f"worker 0 (pid {victim}) killed, stuck: replacing it" in text, text
+        assert 1 <= replaced_s < 10, replaced_s  # its last beat came up to 1 s before
+        while time.monotonic() < deadline:
+            with httpx.Client(base_url=server.url, timeout=5) as client:
+                if client.get("/v2/health/ready").status_code == 200:
+                    break
+            time.sleep(0.1)
+        assert len({answering_process(server.url) for _ in range(40)}) == 2  # both serve
+        assert scrape(server.url)["queryserve_worker_restarts_total[]"] == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+        stop_server(server)
+
+
 def test_connections_are_evened_out_over_the_workers(tmp_path: Path) -> None:
     """The kernel hashes each connection to one worker for its life, and 64 spread over 4
     workers unevenly (the busiest held 1.06-1.44x the mean, BENCHMARKS.md). A worker over its
@@ -390,6 +422,42 @@ def test_a_replacement_catches_up_with_an_unload_made_while_it_loaded(tmp_path: 
                                       json=infer_body("new"), headers={"connection": "close"}
                                       ).json()["outputs"][0]["data"]) for _ in range(40)}
         assert widths == {8}, server.log_text()  # the reloaded model, from both workers
+    finally:
+        stop_server(server)
+
+
+def test_a_replacement_says_why_a_model_failed_as_its_sibling_does(tmp_path: Path) -> None:
+    """Regression: a replacement loads what its siblings serve, so it never tried the model
+    that failed to load there, and its index and its 503s said "not loaded" with no reason
+    where the sibling's said why: two answers from one server."""
+    write_fake_model(tmp_path, "fast")
+    write_fake_model(tmp_path, "broken")
+    (tmp_path / "broken" / "tokenizer.json").write_text("not a tokenizer")
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS, "--no-strict-readiness")
+    try:
+        victim = worker_pids(server)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        died = f"pid {victim}) died"
+        while died not in (text := server.log_text()) or \
+                "worker-0 queryserve: listening on" not in text.split(died)[-1]:
+            assert time.monotonic() < deadline, server.log_text()
+            time.sleep(0.05)
+        reasons, failures = set(), set()
+        answered = set()
+        with httpx.Client(timeout=10, headers={"connection": "close"}) as client:
+            for _ in range(40):  # a new connection each: either worker answers
+                index = client.post(f"{server.url}/v2/repository/index")
+                answered.add(index.headers["x-request-id"].split("-")[0])
+                reasons |= {entry.get("reason") for entry in index.json()
+                            if entry["name"] == "broken"}
+                failed = client.post(f"{server.url}/v2/models/broken/infer",
+                                     json=infer_body("which"))
+                failures.add((failed.status_code, failed.json()["error"]))
+        assert len(answered) == 2, answered
+        assert len(reasons) == 1 and None not in reasons, reasons
+        assert len(failures) == 1 and next(iter(failures))[0] == 503, failures
+        assert next(iter(reasons)) in next(iter(failures))[1]
     finally:
         stop_server(server)
 

@@ -29,7 +29,7 @@ def test_a_worker_s_share_of_connections_counts_only_the_workers_that_serve(
     """Regression (the workers walk): while a worker was replaced its share was counted as
     zero connections in the mean, and the survivor closed 75% of its connections after one
     answer, each client reconnecting to it alone."""
-    seat = Seat(0, 2, tmp_path, serving=[1, 0], restarts=[0], connections=[8, 0])
+    seat = Seat(0, 2, tmp_path, serving=[1, 0], restarts=[0], connections=[8, 0], beats=[0.0, 0.0])
     assert not seat.over(8)  # the other is away: all of them are this worker's share
     seat.serving[1] = 1
     assert seat.over(8)  # both serve: 8 of 8 is past 4 and a tenth

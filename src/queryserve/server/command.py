@@ -21,6 +21,7 @@ from queryserve.arguments import count, non_negative, positive
 from queryserve.config import is_model_name
 from queryserve.errors import ServeError
 from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits
+from queryserve.server.workers.plan import WORKER_TIMEOUT_S
 
 DEFAULT_REPOSITORY = Path("model_repository")
 DEFAULT_GRPC = "127.0.0.1:8001"
@@ -113,6 +114,10 @@ def add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="server processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
                             "behind a supervisor that drains and replaces them; auto: one per "
                             "4 cores, so 1 on 2 cores (default: auto)")
+    serve.add_argument("--worker-timeout", type=positive, default=WORKER_TIMEOUT_S, metavar="S",
+                       help="with workers, one whose event loop has not turned for this long "
+                            "(stuck: it answers nobody) is killed and replaced "
+                            "(default: %(default)g)")
     serve.add_argument("--max-body-bytes", type=count, default=HttpLimits().max_body_bytes,
                        help="largest request body (or gRPC message) accepted "
                             "(default: %(default)s)")
@@ -270,4 +275,4 @@ def run_serve_command(args: argparse.Namespace) -> int:
         if prepared.returncode != 0:  # its own output above says why
             raise ServeError(f"queryserve prepare exited {prepared.returncode}")
         options = dataclasses.replace(options, prepare=False)
-    return Supervisor(options, workers, args.log_level).run()
+    return Supervisor(options, workers, args.log_level, args.worker_timeout).run()

@@ -33,7 +33,7 @@ from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, HttpServer, star
 from queryserve.server.security import AccessControl, is_loopback
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
-from queryserve.server.workers.peers import Seat, Siblings, answer_siblings
+from queryserve.server.workers.peers import Seat, Served, Siblings, answer_siblings
 
 log = logging.getLogger("queryserve")
 
@@ -100,6 +100,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     control = None
+    beating: asyncio.Future[None] | None = None
     if loading.done():
         if loading.exception() is not None and listeners is not None:
             await listeners.shutdown(0)  # closed on this loop, not by the collector after it
@@ -116,6 +117,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
             await _catch_up(repository, siblings)
             listeners = await _listen(app, options)
             siblings.serve(True)
+            beating = asyncio.ensure_future(siblings.beat())
         app.state.loading = False
         _log_ready(repository, options.strict_readiness)
         if started is not None:
@@ -125,6 +127,8 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
         loading.cancel()
     if siblings is not None:
         siblings.serve(False)
+    if beating is not None:
+        beating.cancel()
     began = time.monotonic()
     unanswered = await _drain(listeners, repository, options.drain_timeout_s)
     if control is not None:
@@ -191,7 +195,19 @@ def _stop_on_signals(state: ServerState, worker: bool) -> asyncio.Event:
 async def _load(repository: ModelRepository, siblings: Siblings | None) -> None:
     """Every model of the repository; a replacement worker loads what its siblings serve."""
     served = await siblings.models_served() if siblings is not None else None
-    await repository.load_all(served, served)
+    if served is None:
+        await repository.load_all()
+        return
+    await repository.load_all(served.stamps, served.stamps)
+    _failed_as_there(repository, served)
+
+
+def _failed_as_there(repository: ModelRepository, served: Served) -> None:
+    """What failed to load in the siblings fails here with their reason: the replacement's
+    index and its 503s said "not loaded" with no reason, where the siblings' said why."""
+    for name, why in served.errors.items():
+        if name not in repository.models:
+            repository.errors[name] = why
 
 
 async def _catch_up(repository: ModelRepository, siblings: Siblings) -> None:
@@ -201,15 +217,16 @@ async def _catch_up(repository: ModelRepository, siblings: Siblings) -> None:
     served = await siblings.models_served()
     if served is None:  # no sibling serves yet: the whole server is starting
         return
-    for name in sorted(set(repository.models) - set(served)):
+    for name in sorted(set(repository.models) - set(served.stamps)):
         log.info("model '%s' was unloaded while this worker started: unloading it", name)
         await repository.unload(name)
     # Loaded, or loaded again (by name alone the old one served here for good).
-    changed = sorted(name for name, stamp in served.items()
+    changed = sorted(name for name, stamp in served.stamps.items()
                      if name not in repository.models or repository.stamps.get(name) != stamp)
     if changed:
         log.info("loaded while this worker started: %s", ", ".join(changed))
-        await repository.load_all(changed, served)
+        await repository.load_all(changed, served.stamps)
+    _failed_as_there(repository, served)
 
 
 PREPARED = "prepared:"

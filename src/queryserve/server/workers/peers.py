@@ -11,11 +11,14 @@ What a worker asks its siblings for, and why it cannot just look:
 - `load` / `unload`: what that worker has every other do, answering when all have (or naming
   the one that failed), each load stamped alike;
 - `models`: a replacement worker serves what its siblings serve now (and the same load of it,
-  by its stamp), not what the folder held when the server started.
+  by its stamp), not what the folder held when the server started, and says what failed to
+  load there as they do (it does not try it again).
 
 Readiness needs no round trip: the supervisor shares one byte per worker (`Seat.serving`),
 which a worker sets while it listens with warm models and clears when it drains, and the
-supervisor clears when it dies.
+supervisor clears when it dies. Nor does liveness: a serving worker writes the time into
+`Seat.beats` every second from its event loop (`beat`), and the supervisor kills one whose
+loop has not turned for `--worker-timeout` and replaces it.
 
 Messages are pickled: both ends are this server's own processes, and the folder is the
 supervisor's `mkdtemp` (mode 0700), so nobody else can connect.
@@ -29,6 +32,7 @@ import logging
 import os
 import pickle
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +51,16 @@ SNAPSHOT_TIMEOUT_S = 5.0
 """A sibling that has not answered a snapshot by then is left out of the scrape (and said)."""
 LOAD_TIMEOUT_S = 600.0
 """Building a model takes seconds; minutes would mean a sibling is stuck."""
+BEAT_S = 1.0
+"""How often a serving worker says its event loop turns (`Seat.beats`)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a sibling serves: each model with its load's stamp, and why the others failed."""
+
+    stamps: dict[str, str]
+    errors: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,9 @@ class Seat:
     """Replacements so far, shared (`multiprocessing.RawArray('i', 1)`)."""
     connections: Any
     """Each worker's open HTTP connections, shared (`multiprocessing.RawArray('i')`)."""
+    beats: Any
+    """When each worker's event loop last turned, shared (`multiprocessing.RawArray('d')`):
+    `time.monotonic()`, one clock for every process of the machine."""
 
     def socket(self, worker: int) -> Path:
         return self.folder / f"worker-{worker}.sock"
@@ -110,7 +127,17 @@ class Siblings:
 
     def serve(self, serving: bool) -> None:
         """Say that this worker serves (listening, models warm), or no longer (draining)."""
+        if serving:  # the supervisor watches the beats of serving workers only
+            self.seat.beats[self.seat.worker] = time.monotonic()
         self.seat.serving[self.seat.worker] = int(serving)
+
+    async def beat(self) -> None:
+        """Say every `BEAT_S` that this worker's event loop turns, until cancelled: a loop
+        stuck (a deadlock, a call that never returns, SIGSTOP) answers nobody, and its
+        connections' clients would wait for good while readiness said 200."""
+        while True:
+            self.seat.beats[self.seat.worker] = time.monotonic()
+            await asyncio.sleep(BEAT_S)
 
     async def snapshots(self) -> list[Snapshot]:
         answers = await asyncio.gather(*(self._ask(w, ("snapshot",), SNAPSHOT_TIMEOUT_S)
@@ -169,13 +196,13 @@ class Siblings:
             elif isinstance(answer, BaseException):
                 raise ServeError(f"worker {worker} did not {action} '{name}': {answer}")
 
-    async def models_served(self) -> dict[str, str] | None:
-        """The models a running sibling serves now, each with its load's stamp, or None when
-        none answers (the server is starting: every worker loads the whole repository)."""
+    async def models_served(self) -> Served | None:
+        """What a running sibling serves now, or None when none answers (the server is
+        starting: every worker loads the whole repository)."""
         for worker in self.others:
             with contextlib.suppress(_Absent, OSError, TimeoutError):
                 answer = await self._ask(worker, ("models",), SNAPSHOT_TIMEOUT_S)
-                if isinstance(answer, dict):
+                if isinstance(answer, Served):
                     return answer
         return None
 
@@ -212,8 +239,9 @@ async def answer_siblings(state: ServerState, seat: Seat) -> asyncio.AbstractSer
 
     actions: dict[str, Callable[..., Awaitable[object]]] = {
         "snapshot": _sync(state.snapshot_here),
-        "models": _sync(lambda: {name: repository.stamps.get(name, STARTED)
-                                 for name in sorted(repository.models)}),
+        "models": _sync(lambda: Served({name: repository.stamps.get(name, STARTED)
+                                        for name in sorted(repository.models)},
+                                       dict(repository.errors))),
         "change": change,
         "load": load,
         "unload": unload,

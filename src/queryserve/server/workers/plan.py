@@ -1,4 +1,4 @@
-"""How many workers `--workers auto` starts, and why.
+"""How many workers `--workers auto` starts, and why; how long one may be stuck.
 
 One worker per 4 cores, and never fewer cores per worker than a model has instances: the event
 loop of one process stops near 1,900 requests/s whatever the model costs, so cores beyond what
@@ -21,6 +21,10 @@ from queryserve.errors import QueryServeError
 log = logging.getLogger(__name__)
 
 CORES_PER_WORKER = 4
+WORKER_TIMEOUT_S = 30.0
+"""A serving worker whose event loop has been still this long is stuck: the supervisor kills
+and replaces it (`--worker-timeout`). Every slow step (building a model, running a batch) runs
+off the loop, which turns every few milliseconds under load."""
 
 
 def most_instances(repository: Path) -> int:

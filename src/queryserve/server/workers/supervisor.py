@@ -17,6 +17,9 @@ The supervisor:
   is sent on as SIGKILL: they exit now;
 - replaces a worker that dies, after a back-off that doubles with each death in a row before
   it served; five in a row and it gives up, stops the others and exits 1 (never a restart loop);
+- kills a serving worker whose event loop has not turned for `--worker-timeout` (its beat,
+  `peers.Siblings.beat`) and replaces it: a stuck loop answers nobody, and the kernel goes on
+  handing it a share of the new connections (gunicorn's `--timeout`, for the same reason);
 - dies with its workers: each asks the kernel for SIGTERM if the supervisor goes first.
 """
 
@@ -44,6 +47,7 @@ from queryserve.repository import ModelRepository
 from queryserve.server.access_log import open_log_file
 from queryserve.server.run import ServeOptions, serve
 from queryserve.server.workers.peers import Seat
+from queryserve.server.workers.plan import WORKER_TIMEOUT_S
 
 log = logging.getLogger("queryserve")
 
@@ -66,17 +70,22 @@ class _Slot:
     restart_at: float | None = None
     served: bool = False
     """The process in it got as far as serving (seen on its byte of `serving`)."""
+    stuck: bool = False
+    """Killed for a loop that stopped turning (`Supervisor._kill_stuck`)."""
 
 
 class Supervisor:
-    def __init__(self, options: ServeOptions, workers: int, log_level: str = "INFO") -> None:
+    def __init__(self, options: ServeOptions, workers: int, log_level: str = "INFO",
+                 worker_timeout_s: float = WORKER_TIMEOUT_S) -> None:
         self.options = options
         self.workers = workers
         self.log_level = log_level
+        self.worker_timeout_s = worker_timeout_s
         self.context = multiprocessing.get_context("spawn")
         self.serving = self.context.RawArray("b", workers)
         self.restarts = self.context.RawArray("i", 1)
         self.connections = self.context.RawArray("i", workers)
+        self.beats = self.context.RawArray("d", workers)
         self.slots = [_Slot(w) for w in range(workers)]
         self.stopping = False
         self.signals = 0
@@ -114,12 +123,12 @@ class Supervisor:
 
     def _start(self, slot: _Slot, options: ServeOptions, folder: Path) -> None:
         seat = Seat(slot.worker, self.workers, folder, self.serving, self.restarts,
-                    self.connections)
+                    self.connections, self.beats)
         process = self.context.Process(
             target=_worker_main, name=f"queryserve-worker-{slot.worker}",
             args=(dataclasses.replace(options, seat=seat), self.log_level, os.getpid()))
         process.start()
-        slot.process, slot.restart_at, slot.served = process, None, False
+        slot.process, slot.restart_at, slot.served, slot.stuck = process, None, False, False
         log.info("worker %d started (pid %d)", slot.worker, process.pid)
 
     def _watch(self, options: ServeOptions, folder: Path) -> int:
@@ -134,6 +143,7 @@ class Supervisor:
             for slot in self.slots:
                 slot.served = slot.served or bool(self.serving[slot.worker])
             if not self.stopping:
+                self._kill_stuck()
                 self._restart_due(options, folder)
             if not announced and all(self.serving):
                 announced = True
@@ -172,9 +182,26 @@ class Supervisor:
             return
         delay = 0.0 if served else min(MAX_BACKOFF_S,
                                        FIRST_BACKOFF_S * 2 ** (slot.failed_starts - 1))
-        log.error("worker %d (pid %d) died (exit %s): replacing it in %.1f s (%d replaced "
-                  "so far)", slot.worker, process.pid, code, delay, self.restarts[0])
+        how = "killed, stuck" if slot.stuck else f"died (exit {code})"
+        log.error("worker %d (pid %d) %s: replacing it in %.1f s (%d replaced so far)",
+                  slot.worker, process.pid, how, delay, self.restarts[0])
         slot.restart_at = time.monotonic() + delay
+
+    def _kill_stuck(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            process = slot.process
+            if (process is None or process.exitcode is not None or slot.stuck
+                    or not self.serving[slot.worker]):
+                continue
+            still_s = now - self.beats[slot.worker]
+            if still_s > self.worker_timeout_s:
+                log.error("worker %d (pid %d): its event loop has not turned for %.1f s "
+                          "(--worker-timeout %g): killing it", slot.worker, process.pid,
+                          still_s, self.worker_timeout_s)
+                slot.stuck = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
 
     def _restart_due(self, options: ServeOptions, folder: Path) -> None:
         now = time.monotonic()
