@@ -14,7 +14,8 @@ RELIABILITY.md shows them, in this order:
 6. `malformed`: thousands of generated malformed requests over every route;
 7. `batch-kill`: `queryserve batch duplicates` SIGKILLed at random points and resumed;
 8. `workers`: `--workers 2`: SIGTERM with ~2,000 items queued, reloads under load, a worker
-   SIGKILLed under load, HTTP connections and a gRPC channel under load ended every 0.25 s;
+   SIGKILLed under load, one stopped (SIGSTOP) under load, HTTP connections and a gRPC
+   channel under load ended every 0.25 s;
 9. `rolling`: replicas behind HAProxy under load, each replaced in turn for several rounds,
    then scaled 1 -> 3 -> 1.
 

@@ -4,7 +4,10 @@ SIGTERM gets anything but a 200 and the supervisor exits 0 within the drain time
 worker left; reloads of `embed` under load fail no request and reach both workers; a worker
 SIGKILLed under load is replaced and serves again within 30 s while the other answers, the
 only requests lost being those on the killed worker's connections at the kill (in flight, or
-written before the client saw the connection close: within LOST_WINDOW_S of it); under load,
+written before the client saw the connection close: within LOST_WINDOW_S of it); a worker
+stopped under load (SIGSTOP: its event loop still, as a deadlock leaves it) is killed after
+`--worker-timeout` and replaced, and every request scheduled once the replacement is ready is
+answered 200; under load,
 HTTP connections closed at an age of AGE_S fail no request, and one gRPC channel whose
 connection is ended at that age (GOAWAY) fails no call and reaches both workers, where
 without the age one worker holds it throughout. Also shown,
@@ -15,17 +18,19 @@ out."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from faults.client import Background, Stream
+from faults.client import Background, Stream, post
 from faults.common import (
     OUT,
     Mode,
@@ -43,7 +48,8 @@ from faults.reload import reload_embed
 from faults.sigterm import DRAIN_S, QUEUE, sigterm_with_queue
 from queryserve.bench.server_process import connections_on, free_port, ready_status
 
-TITLE = "Two workers (`--workers 2`): SIGTERM, reloads, a killed worker and aged connections"
+TITLE = ("Two workers (`--workers 2`): SIGTERM, reloads, a killed worker, a stuck one and aged "
+         "connections")
 PATH = "/v2/models/embed/infer"
 FLAGS = ("--workers", "2", "--cores", "2")
 REPLACE_S = 30.0
@@ -54,6 +60,11 @@ AGE_S = 0.25
 """`--max-connection-age` in the aging scenario: far below the 60 s default, so that one run
 ends each connection some dozens of times."""
 CALLS_IN_FLIGHT = 16
+STUCK_TIMEOUT_S = 5.0
+"""`--worker-timeout` in the stuck-worker scenario (30 s by default): what it costs scales
+with it, and the figure shows how."""
+PROBE_EVERY_S = 0.1
+PROBES = 128
 
 
 def worker_pids(server: Server) -> dict[int, int]:
@@ -64,7 +75,7 @@ def worker_pids(server: Server) -> dict[int, int]:
 
 def measure(mode: Mode) -> dict[str, Any]:
     parts = {"sigterm": _sigterm(mode), "sigterm_group": _sigterm(mode, group=True),
-             "reload": _reload(mode), "kill": _kill(mode),
+             "reload": _reload(mode), "kill": _kill(mode), "stuck": _stuck(mode),
              "http_aging": _http_aging(mode), "grpc": _grpc_aging(mode)}
     return {**parts, "verdicts": [v for part in parts.values() for v in part["verdicts"]]}
 
@@ -172,6 +183,80 @@ def _kill(mode: Mode) -> dict[str, Any]:
                     "worker answers throughout)"),
         ],
     }
+
+
+def _stuck(mode: Mode) -> dict[str, Any]:
+    """Worker 0 stopped (SIGSTOP) under load until the supervisor kills it for a still loop.
+    The load reuses its last freed connection first, so it may never touch the stuck worker;
+    new connections, one every PROBE_EVERY_S, show what clients the kernel hands it meet."""
+    repository = one_model_repository("embed", OUT / "repositories" / "workers-stuck")
+    stream = Stream(PATH, [kserve_body([q]) for q in queries(2000)], 200.0, connections=8)
+    with serving(repository, "workers-stuck", *FLAGS,
+                 "--worker-timeout", f"{STUCK_TIMEOUT_S:g}") as server:
+        with Background(server.url, stream, max_s=300, drain_s=10) as load:
+            time.sleep(mode.pick(5.0, 2.0))
+            victim = worker_pids(server)[0]
+            log(f"workers: SIGSTOP worker 0 (pid {victim}) under 200 req/s, a new connection "
+                f"every {PROBE_EVERY_S:g} s")
+            with ThreadPoolExecutor(PROBES) as pool:
+                stopped = time.monotonic()
+                os.kill(victim, signal.SIGSTOP)
+                try:
+                    probes = []
+                    ready_s = None
+                    while ready_s is None and time.monotonic() - stopped < REPLACE_S:
+                        probes.append(pool.submit(_probe, server.url))
+                        time.sleep(PROBE_EVERY_S)
+                        if worker_pids(server).get(0) not in (None, victim) and \
+                                ready_status(server.url) == 200:
+                            ready_s = time.monotonic() - stopped
+                finally:  # killed by then, or this scenario failed: never left stopped
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(victim, signal.SIGCONT)
+                answers = [probe.result() for probe in probes]
+            time.sleep(mode.pick(5.0, 2.0))
+            (records,) = load.stop()
+        restarts = server.metric("queryserve_worker_restarts_total")
+        killed = f"worker 0 (pid {victim}) killed, stuck" in server.log_text()
+    until = stopped + (ready_s or REPLACE_S)
+    during = summarize(records, stopped, until)
+    after = summarize(records, until)
+    longest = max((s for _, s in answers), default=0.0)
+    waits = {outcome: sorted(s for o, s in answers if o == outcome)
+             for outcome in sorted({o for o, _ in answers})}
+    return {
+        "timeout_s": STUCK_TIMEOUT_S, "ready_again_s": ready_s, "restarts": restarts,
+        "during": during, "after": after,
+        "probes": {o: {"count": len(w), "median_s": round(float(np.median(w)), 2),
+                       "max_s": round(max(w), 2)} for o, w in waits.items()},
+        "verdicts": [
+            verdict(killed and ready_s is not None and ready_s <= STUCK_TIMEOUT_S + REPLACE_S
+                    and restarts == 1,
+                    f"stuck: worker 0 {'killed' if killed else 'not killed'} and the server "
+                    f"ready again {'never' if ready_s is None else f'{ready_s:.1f} s'} after "
+                    f"it stopped; queryserve_worker_restarts_total {restarts} (target: "
+                    f"killed after --worker-timeout {STUCK_TIMEOUT_S:g} s, ready within "
+                    f"{REPLACE_S:.0f} s more, 1)"),
+            verdict(after["requests"] > 0 and after["non_200"] == 0,
+                    f"stuck: {after['non_200']} of the {after['requests']:,} requests "
+                    "scheduled once the replacement was ready failed (target: 0)"),
+            verdict(bool(answers) and longest <= STUCK_TIMEOUT_S + 2,
+                    f"stuck: the longest wait of a request on a new connection while it was "
+                    f"stuck, {longest:.1f} s (target: at most --worker-timeout + 2 s, "
+                    f"{STUCK_TIMEOUT_S + 2:g} s: no client is held longer)"),
+        ],
+    }
+
+
+def _probe(url: str) -> tuple[str, float]:
+    """One request on a new connection: its status (or how it failed) and its seconds."""
+    started = time.monotonic()
+    try:
+        status, _, _ = post(url + PATH, kserve_body(["a new connection"]), REPLACE_S * 2)
+    except OSError as exc:  # reset when the stuck worker's listening socket went with it
+        reason = getattr(exc, "reason", exc)
+        return type(reason).__name__, time.monotonic() - started
+    return str(status), time.monotonic() - started
 
 
 def _http_aging(mode: Mode) -> dict[str, Any]:
@@ -301,11 +386,32 @@ def _sigterm_rows(s: dict[str, Any], to: str) -> list[str]:
     ]
 
 
+def _stuck_rows(s: dict[str, Any] | None) -> list[str]:
+    if s is None:  # a report from before the scenario
+        return []
+    return [
+        f"| worker 0 stopped (SIGSTOP: its event loop still) under 200 req/s, "
+        f"`--worker-timeout {s['timeout_s']:g}` | stop to ready again (killed, a new worker 0 "
+        "serving) | " + ("never" if s["ready_again_s"] is None
+                         else f"{s['ready_again_s']:.1f} s") + " |",
+        f"| | requests scheduled until ready again | {s['during']['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in s["during"]["outcomes"].items()) + " |",
+        f"| | requests after | {s['after']['requests']:,}: "
+        + ", ".join(f"{n:,} x {st}" for st, n in s["after"]["outcomes"].items())
+        + f" (p99 {ms(s['after']['p99_ms'])} ms) |",
+        f"| | a request on a new connection every {PROBE_EVERY_S:g} s until ready again: "
+        "outcome x count (median, max seconds) | " + ", ".join(
+            f"{o} x {p['count']} ({p['median_s']:.2f}, {p['max_s']:.2f} s)"
+            for o, p in s.get("probes", {}).items()) + " |",
+    ]
+
+
 def render(f: dict[str, Any]) -> list[str]:
     r, k, g, h = f["reload"], f["kill"], f["grpc"], f["http_aging"]
     return [
         "`embed` alone, served by `queryserve serve --workers 2 --cores 2` (two workers of one",
-        "core each, one instance each): the same faults as sections 2 and 3, a worker killed,",
+        "core each, one instance each): the same faults as sections 2 and 3, a worker killed",
+        "and one stopped (its event loop still, as a deadlock leaves it),",
         "and connections the server ends at an age of "
         f"{AGE_S:g} s (`--max-connection-age`, 60 s by",
         "default). Figures are the whole server's (`/metrics` sums both workers).",
@@ -334,6 +440,7 @@ def render(f: dict[str, Any]) -> list[str]:
         f"| | the replacement's share of both workers' CPU work after it was ready; "
         f"connections handed back | {k['replacement_share']:.0%}; "
         f"{k['handed_back'] or 0:.0f} |",
+        *_stuck_rows(f.get("stuck")),
         f"| 200 req/s over 8 keep-alive connections, each closed after an answer once "
         f"{g['age_s']:g} s old | requests; connections closed at their age | "
         f"{h['load']['requests']:,}: "

@@ -21,10 +21,13 @@ from queryserve.errors import QueryServeError
 log = logging.getLogger(__name__)
 
 CORES_PER_WORKER = 4
-WORKER_TIMEOUT_S = 30.0
+WORKER_TIMEOUT_S = 10.0
 """A serving worker whose event loop has been still this long is stuck: the supervisor kills
 and replaces it (`--worker-timeout`). Every slow step (building a model, running a batch) runs
-off the loop, which turns every few milliseconds under load."""
+off the loop, which turns every few milliseconds under load, so seconds of stillness are not
+slowness; and until the kill, each new connection the kernel hands the stuck worker waits and
+is then reset (RELIABILITY.md section 8: 21 of 57 new connections over a 5 s timeout), so a
+short timeout costs clients less. gunicorn's is 30 s, for workers that block on a request."""
 
 
 def most_instances(repository: Path) -> int:
