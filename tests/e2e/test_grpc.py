@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -318,17 +320,81 @@ def test_bad_requests_get_a_status_that_names_the_problem(
     assert "Traceback" not in details
 
 
-def test_streaming_is_unimplemented_and_unknown_models_are_not_found(served: Served) -> None:
-    code, details = code_of(lambda: list(served.stub().ModelStreamInfer(iter([
-        raw_request("fake", [b"a"])]))))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "use ModelInfer" in details
+def test_a_stream_answers_each_request_and_goes_on_past_a_failed_one(served: Served) -> None:
+    """tritonclient's stream: each request answered with its id, a failed one with its error
+    in the stream (Triton's `error_message`), and the stream goes on; the numbers are the
+    unary call's. (It was UNIMPLEMENTED, and tritonclient.grpc.aio sometimes saw INTERNAL.)"""
+    client = served.client()
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for i, text in enumerate(QUERIES):
+            client.async_stream_infer("embed", [text_input([text])], request_id=f"q{i}")
+        client.async_stream_infer("nope", [text_input(["x"])], request_id="bad")
+        client.async_stream_infer("fake", [text_input(["a", "b"])], request_id="pair")
+        got = [answers.get(timeout=30) for _ in range(len(QUERIES) + 2)]
+        client.async_stream_infer("fake", [text_input(["after"])], request_id="after")
+        got.append(answers.get(timeout=30))  # the stream went on past the failure
+    finally:
+        client.stop_stream()
+    errors = [error for _, error in got if error is not None]
+    assert len(errors) == 1 and "unknown model 'nope'" in str(errors[0]), errors
+    results = {r.get_response().id: r for r, _ in got if r is not None}  # type: ignore[attr-defined]
+    assert sorted(results) == ["after", "pair", "q0", "q1", "q2"]
+    assert results["pair"].as_numpy("embedding").shape == (2, 16)  # type: ignore[attr-defined]
+    for i, text in enumerate(QUERIES):
+        unary = client.infer("embed", [text_input([text])]).as_numpy("embedding")
+        streamed = results[f"q{i}"].as_numpy("embedding")  # type: ignore[attr-defined]
+        # int8 activations are scaled per batch: the stream's batches differ from the unary's
+        cosine = float((unary * streamed).sum() / np.linalg.norm(unary) / np.linalg.norm(streamed))
+        assert cosine > 0.999, (text, cosine)
+
+
+def test_unknown_models_are_not_found_and_named_repositories_refused(served: Served) -> None:
     stub = served.stub()
+    for call, request in (  # Triton refuses repository_name; it was ignored (a reload done)
+            (stub.RepositoryIndex, service_pb2.RepositoryIndexRequest(repository_name="other")),
+            (stub.RepositoryModelLoad, service_pb2.RepositoryModelLoadRequest(
+                repository_name="other", model_name="reloadable")),
+            (stub.RepositoryModelUnload, service_pb2.RepositoryModelUnloadRequest(
+                repository_name="other", model_name="reloadable"))):
+        code, details = code_of(call, request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "repository_name" in details
+    assert stub.ModelReady(service_pb2.ModelReadyRequest(name="reloadable")).ready
     for call, request in ((stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="nope")),
                           (stub.ModelConfig, service_pb2.ModelConfigRequest(name="nope"))):
         code, details = code_of(call, request)
         assert code == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in details
     # Readiness is asked, not the model: Triton answers "not ready" for a model it lacks.
     assert not stub.ModelReady(service_pb2.ModelReadyRequest(name="nope")).ready
+
+
+def test_a_stream_left_open_ends_when_the_server_drains(tmp_path: Path) -> None:
+    """A client holding a stream open with nothing more to send: on SIGTERM the stream ends
+    once its requests are answered, rather than hold the drain for the whole grace period."""
+    write_fake_model(tmp_path, "fake", delay_ms=200)
+    server = serve(tmp_path)
+    hold = threading.Event()
+
+    def requests() -> Iterator[service_pb2.ModelInferRequest]:
+        yield raw_request("fake", [b"a"], id="one")
+        hold.wait(60)  # open, silent
+
+    try:
+        call = server.stub().ModelStreamInfer(requests())
+        time.sleep(0.1)  # the request is being answered
+        signalled = time.monotonic()
+        server.http.process.send_signal(signal.SIGTERM)
+        answers = list(call)  # ends, with the one answer
+        ended_s = time.monotonic() - signalled
+        assert [a.infer_response.id for a in answers] == ["one"]
+        assert not answers[0].error_message and call.code() == grpc.StatusCode.OK
+        assert server.http.process.wait(timeout=15) == 0
+        assert ended_s < 5, ended_s  # the drain timeout is 30 s
+    finally:
+        hold.set()
+        if server.http.process.poll() is None:
+            stop_server(server.http)
 
 
 def perf_analyzer_env() -> dict[str, str]:
@@ -353,6 +419,15 @@ def test_perf_analyzer_over_grpc_reads_config_and_server_statistics(served: Serv
     assert "Throughput:" in result.stdout and "Avg gRPC time" in result.stdout
     # the server-side breakdown comes from our ModelStatistics answer
     assert "Server:" in result.stdout and "compute infer" in result.stdout
+    streaming = subprocess.run(
+        [str(binary), "-m", "embed", "-u", served.grpc_address, "-i", "grpc", "--streaming",
+         "--string-data", "how to find cheap flights to paris", "-b", "1",
+         "--concurrency-range", "4", "--measurement-mode", "count_windows",
+         "--measurement-request-count", "100", "--max-trials", "3",
+         "--stability-percentage", "999"],
+        capture_output=True, text=True, timeout=120, env=perf_analyzer_env())
+    assert streaming.returncode == 0, streaming.stdout + streaming.stderr
+    assert "Throughput:" in streaming.stdout
 
 
 def test_queryserve_bench_over_grpc_reports_client_and_server_figures(served: Served,
@@ -397,6 +472,12 @@ def test_api_key_guards_every_rpc_but_health(guarded: Served) -> None:
     assert client.is_model_ready("slow", headers=headers)
     answer = client.infer("slow", [text_input(["a"])], headers=headers)
     assert answer.as_numpy("embedding").shape == (1, 16)
+    code, details = code_of(lambda: list(guarded.stub().ModelStreamInfer(iter([
+        raw_request("slow", [b"a"])]))))
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "authorization: Bearer KEY" in details
+    streamed = list(guarded.stub().ModelStreamInfer(iter([raw_request("slow", [b"a"])]),
+                                                    metadata=[("authorization", f"Bearer {KEY}")]))
+    assert len(streamed) == 1 and not streamed[0].error_message
 
 
 def test_a_message_that_does_not_parse_is_invalid_and_logs_nothing(guarded: Served) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import httpx
+import numpy as np
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -73,6 +74,14 @@ def test_each_request_is_a_span_in_the_caller_s_trace(tmp_path: Path, collector:
                                                          "x-request-id": "g-1"}).name == "fake"
         with pytest.raises(grpcclient.InferenceServerException):
             client.get_model_metadata("nope", headers={"x-request-id": "g-2"})
+        streamed: list[object] = []
+        client.start_stream(lambda result, error: streamed.append(result or error),
+                            headers={"traceparent": traceparent, "x-request-id": "s-1"})
+        text = grpcclient.InferInput("text", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"jazz"]], dtype=object))
+        client.async_stream_infer("fake", [text])
+        client.stop_stream()  # waits for the answer
+        assert len(streamed) == 1
         client.close()
     finally:
         stop_server(server)  # a drained server sends its last batch of spans
@@ -99,6 +108,9 @@ def test_each_request_is_a_span_in_the_caller_s_trace(tmp_path: Path, collector:
     assert found["rpc.system"].string_value == "grpc"
     assert found["rpc.grpc.status_code"].int_value == 0
     assert found["queryserve.model"].string_value == "fake"
+    stream = by_name["inference.GRPCInferenceService/ModelStreamInfer"]  # one for the stream
+    assert stream.trace_id.hex() == TRACE_ID
+    assert {a.key: a.value for a in stream.attributes}["rpc.grpc.status_code"].int_value == 0
     assert calls["g-2"].trace_id.hex() != TRACE_ID
     assert {a.key: a.value for a in calls["g-2"].attributes}[
         "rpc.grpc.status_code"].int_value == 5  # NOT_FOUND

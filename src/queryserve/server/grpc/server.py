@@ -26,20 +26,22 @@ log = logging.getLogger(__name__)
 class GrpcServer:
     """A listening gRPC server; `shutdown` drains it."""
 
-    def __init__(self, server: grpc.aio.Server, port: int) -> None:
+    def __init__(self, server: grpc.aio.Server, service: InferenceService, port: int) -> None:
         self._server = server
+        self._service = service
         self.port = port
         """The port it listens on (the one asked for, or the one picked for port 0)."""
 
     async def shutdown(self, timeout_s: float) -> None:
         """Stop accepting RPCs at once; those in flight get `timeout_s` to finish, then are
-        cancelled."""
+        cancelled. A stream ends once the requests it had read are answered."""
+        self._service.ending.set()
         await self._server.stop(grace=timeout_s)
 
 
 class _Lenient:
-    """The server, as the generated code registers the service's handlers on it: each unary
-    RPC's message is read by `lenient`, so one that does not parse reaches the RPC."""
+    """The server, as the generated code registers the service's handlers on it: each
+    message is read by `lenient`, so one that does not parse reaches the RPC."""
 
     def __init__(self, server: grpc.aio.Server) -> None:
         self._server = server
@@ -48,7 +50,7 @@ class _Lenient:
         pass  # the same handlers come next, by name, to `add_registered_method_handlers`
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        handlers = {name: handler if handler.request_streaming else handler._replace(
+        handlers = {name: handler._replace(
             request_deserializer=lenient(handler.request_deserializer))
             for name, handler in handlers.items()}
         self._server.add_generic_rpc_handlers(
@@ -85,8 +87,9 @@ async def start_grpc_server(state: ServerState, host: str, port: int,
         # server's own workers share it on purpose (their supervisor checked it was free).
         ("grpc.so_reuseport", int(reuse_port)),
     ])
+    service = InferenceService(state)
     add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]  # generated
-        InferenceService(state), _Lenient(server))
+        service, _Lenient(server))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
@@ -96,7 +99,7 @@ async def start_grpc_server(state: ServerState, host: str, port: int,
         raise ServeError(f"cannot listen for gRPC on {address}: the port is taken or the "
                          "address is not this machine's")
     await server.start()
-    return GrpcServer(server, int(bound))
+    return GrpcServer(server, service, int(bound))
 
 
 def _ms(seconds: float) -> int:

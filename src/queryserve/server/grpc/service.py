@@ -13,6 +13,10 @@ What every RPC goes through, in one place (`_answering`):
   INVALID_ARGUMENT after the key check. grpc.aio answered them UNKNOWN, naming protobuf's
   exception class, and logged a 7-line traceback each: 71 KB of log for 100 calls in 0.06 s,
   from a client with no key.
+
+`ModelStreamInfer` (tritonclient's `start_stream`, `perf_analyzer --streaming`) is a stream of
+requests, not one: it checks the key once, then answers each request as the unary RPC does,
+each as soon as it is done, so a stream's requests batch together.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ async def abort(context: Any, code: grpc.StatusCode, message: str,
 
 
 SERVICE = "inference.GRPCInferenceService"
+STREAM_PATH = f"/{SERVICE}/ModelStreamInfer"
+STREAM_IN_FLIGHT = 64
+"""Requests of one stream answered at once; the next waits to be read, and HTTP/2's flow
+control holds the client (one stream could otherwise queue without bound)."""
 
 
 def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
@@ -144,6 +152,9 @@ class InferenceService:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.service = KServeService(state)
+        self.ending = asyncio.Event()
+        """Set when the server drains: a stream ends once its requests read are answered
+        (grpc.aio would hold it open for the whole grace period, then cancel it)."""
 
     @_public_rpc
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -180,29 +191,126 @@ class InferenceService:
 
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        return await self._infer(request)
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         answer = await self.service.infer(
             request.model_name, request.model_version,
             lambda config, max_items: codec.decode_infer_request(request, config, max_items))
         return codec.encode_infer_response(answer)
 
     async def ModelStreamInfer(self, requests: Any, context: Any) -> None:
-        await abort(context, grpc.StatusCode.UNIMPLEMENTED,
-                    "ModelStreamInfer is not served; use ModelInfer")
+        """Each request's answer, in the order they are done (a response's `id` is its
+        request's); a request that fails is answered with its `error_message` and the stream
+        goes on, as Triton's does. Ends when the client closes its side, or once the requests
+        read are answered when the server drains."""
+        state = self.state
+        metadata = dict(context.invocation_metadata() or ())
+        echoed = (("x-request-id", state.request_ids.of(metadata.get("x-request-id"))),)
+        try:
+            state.auth.check_key(metadata.get("authorization"), grpc=True)
+        except QueryServeError as exc:
+            await abort(context, grpc.StatusCode[exc.grpc_code], exc.message,
+                        (*exc.headers.items(), *echoed))
+        context.set_trailing_metadata(echoed)
+        tracing = state.tracing  # one span for the stream, as for a unary call
+        span = (tracing.start_rpc(SERVICE, "ModelStreamInfer", metadata, echoed[0][1])
+                if tracing is not None else None)
+        code = grpc.StatusCode.CANCELLED  # unless it ends
+        slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        writing = asyncio.Lock()  # one message at a time on the stream
+        answering: set[asyncio.Future[None]] = set()
+
+        async def answer(request: pb.ModelInferRequest | Malformed) -> None:
+            try:
+                response = await self._stream_answer(request, echoed[0][1])
+                async with writing:
+                    await context.write(response)
+            finally:
+                slots.release()
+
+        ending = asyncio.ensure_future(self.ending.wait())
+        reading: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                await slots.acquire()
+                reading = asyncio.ensure_future(context.read())
+                await asyncio.wait({reading, ending}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done() or reading.result() is grpc.aio.EOF:
+                    break
+                task = asyncio.ensure_future(answer(reading.result()))
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+            if answering:
+                await asyncio.wait(set(answering))
+            code = grpc.StatusCode.OK
+        finally:  # ended, drained, or the client went away (its answers go nowhere)
+            for left in (ending, reading, *answering):
+                if left is not None:
+                    left.cancel()
+            if span is not None:
+                assert tracing is not None
+                tracing.end_rpc(span, code.value[0], None,
+                                200 if code == grpc.StatusCode.OK else CLIENT_CLOSED)
+
+    async def _stream_answer(self, request: pb.ModelInferRequest | Malformed,
+                             request_id: str) -> pb.ModelStreamInferResponse:
+        """One streamed request's response, or its error as Triton streams it; with an access
+        log line, as a unary call has."""
+        started = time.perf_counter()
+        status, response = 200, None
+        model = getattr(request, "model_name", "") or None
+        try:
+            if isinstance(request, Malformed):
+                raise InvalidInput(f"the request message does not parse: {request.error}")
+            response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+        except QueryServeError as exc:
+            status = exc.http_status
+            if status == 500:
+                log.error("gRPC ModelStreamInfer (request %s) failed: %s", request_id,
+                          exc.message)
+            response = self._stream_error(request, exc.message)
+        except Exception:
+            status = 500
+            log.exception("error answering gRPC ModelStreamInfer (request %s)", request_id)
+            response = self._stream_error(request, "internal server error")
+        finally:
+            if self.state.access_log is not None:
+                self.state.access_log.line(request_id, "POST", STREAM_PATH, model, status,
+                                           _size(request), _size(response),
+                                           time.perf_counter() - started)
+        return response
+
+    @staticmethod
+    def _stream_error(request: object, message: str) -> pb.ModelStreamInferResponse:
+        return pb.ModelStreamInferResponse(error_message=message, infer_response=(
+            pb.ModelInferResponse(model_name=getattr(request, "model_name", ""),
+                                  id=getattr(request, "id", ""))))
 
     @_rpc
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               ) -> pb.RepositoryIndexResponse:
+        _one_repository(request.repository_name)
         return codec.repository_index(self.service.index(request.ready))
 
     @_rpc
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   ) -> pb.RepositoryModelLoadResponse:
+        _one_repository(request.repository_name)
         await self.service.load(request.model_name, codec.parameters(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     ) -> pb.RepositoryModelUnloadResponse:
+        _one_repository(request.repository_name)
         await self.service.unload(request.model_name, codec.parameters(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
+
+def _one_repository(name: str) -> None:
+    """A server of one repository refuses to act on a named one (as Triton refuses
+    `repository_name`), rather than act on its own: a reload meant for another went here."""
+    if name:
+        raise InvalidInput(f"repository_name '{name[:100]}' is not supported: this server "
+                           "serves one repository; leave it empty")
