@@ -19,6 +19,7 @@ from faults.abusers import (
     idle_flood,
     pipeliner,
     slowloris,
+    tiny_chunked_body,
     tiny_chunks,
 )
 from faults.client import Background, Stream
@@ -81,7 +82,8 @@ def measure(mode: Mode) -> dict[str, Any]:
                   lambda: pipeliner(server, 20_000, read_s))
             phase(f"keep-alive: {MAX_CONNECTIONS:,} connections ask once, then idle",
                   lambda: asyncio.run(idle_flood(server, MAX_CONNECTIONS)))
-            phase("an 8 MB body in 2-byte chunks", lambda: tiny_chunks(server))
+            body, chunks = tiny_chunked_body()
+            phase("an 8 MB body in 2-byte chunks", lambda: tiny_chunks(server, body, chunks))
             phase("after", lambda: time.sleep(quiet_s) or {})
             (records,) = load.stop()
         baseline_mb = rss.peak_mb(phases[0]["start"], phases[0]["end"]) or 0.0

@@ -22,6 +22,7 @@ Every refusal is counted by its reason (`RejectionReason`) in the server's `reje
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from queryserve.server.deadlines import Deadlines, Expiry, Phase
@@ -35,15 +36,24 @@ from queryserve.server.http_types import (
 from queryserve.server.request_parser import RequestParser
 from queryserve.server.response_queue import ResponseQueue
 
-FEED_BYTES = 8 * 1024  # the most fed to the parser at a time
+FEED_BYTES = 2 * 1024  # the most fed to the parser at a time
 TURN_BYTES = 16 * 1024
-"""The most parsed for one connection in one turn of the event loop; the rest waits for the
-next turn, reading paused. libuv reads up to 32 times 256 KiB in one turn, and a body in 2-byte
-chunks costs the parser a callback each: one 8 MB such body held every other client for 0.8 s
-(RELIABILITY.md section 4: the normal client's p99 785 ms; parsed a turn's share at a time, 42
-ms, on 2 cores that the body's sender shares: the same at 64 KiB and 16 KiB). A turn's 16 KiB
-of 2-byte chunks parse in about 1 ms; an 8 MB plain body takes 512 turns, each a few
-microseconds of the loop's own."""
+TURN_S = 0.25e-3
+YIELD_S = 1e-3
+"""How long a connection whose turn ran out of time waits: the loop idles meanwhile (the
+timers of libuv count whole milliseconds: 0.25 ms was none)."""
+"""The most parsed for one connection in one turn of the event loop, in bytes and in time; the
+rest waits for the next turn, reading paused. libuv reads up to 32 times 256 KiB in one turn,
+and a body in 2-byte chunks costs the parser three callbacks a chunk: one 8 MB such body held
+every other client for 0.8 s (RELIABILITY.md section 4: the normal client's p99 785 ms). Bytes
+alone did not bound it: 16 KiB of 2-byte chunks took 1 ms of the loop on a fast day and 2 ms
+on a slow one, and a request that needs a few turns of the loop waited a slice in each (p50
+25 ms, p99 145 ms). A turn now stops at the first 2 KiB slice past 0.25 ms; and a body in tiny
+chunks waits `YIELD_S` for its next: a loop never idle holds the GIL but for the interpreter's
+5 ms switch interval, and the threads that run the other clients' batches waited that long
+each time they needed it (in-process, with `embed` served: p50 30 ms beside such a body, 5.8
+after, against 4.8 with none; the body took 10.1 s rather than 2.3: it pays, not the others).
+An 8 MB plain body still takes 512 turns, each a few microseconds of the loop's own."""
 
 
 class ConnectionOwner(Protocol):
@@ -162,13 +172,19 @@ class HttpConnection(asyncio.Protocol):
         kept, reading paused, for the next turn, or for when the pipeline drains if it is
         full."""
         view = memoryview(data)
+        began = time.perf_counter()
         for start in range(0, len(view), FEED_BYTES):
             if self.rejected or self.transport is None:
                 return
-            if self.responses.backed_up or start >= TURN_BYTES:
+            slow = bool(start) and time.perf_counter() - began > TURN_S
+            if self.responses.backed_up or start >= TURN_BYTES or slow:
                 self.unparsed = view[start:]  # at most one read
                 self.pause_reading()
-                if not self.responses.backed_up:
+                if self.responses.backed_up:
+                    return  # fed again when the pipeline drains
+                if slow and self.parser.tiny_chunks():  # after the loop has idled a moment
+                    self.loop.call_later(YIELD_S, self.pipeline_has_room)
+                else:
                     self.loop.call_soon(self.pipeline_has_room)
                 return
             self.parser.feed(view[start:start + FEED_BYTES])

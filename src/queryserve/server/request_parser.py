@@ -109,6 +109,11 @@ class RequestParser:
         self.chunks = 0
         self.http10 = False  # the request is HTTP/1.0 (its keep-alive must be said)
 
+    def tiny_chunks(self) -> bool:
+        """The body being read came in hundreds of chunks of a few bytes each (the transport
+        gives such a body turns of the loop last: `connection.YIELD_S`)."""
+        return self.chunks > 256 and self.body_bytes < 64 * self.chunks
+
     def feed(self, data: bytes | memoryview) -> None:
         """Parse `data`; a request read whole goes to the sink, a bad one is refused."""
         if self.upgrading is not None:
