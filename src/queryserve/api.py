@@ -159,10 +159,15 @@ def decode_texts(raw: Sequence[object], where: str) -> list[str]:
                 raise InvalidInput(f"{where}[{i}] is not valid UTF-8 text") from None
         if not isinstance(item, str):
             raise InvalidInput(f"{where}[{i}] must be a string, got {type(item).__name__}")
-        if not item.strip() or (not item.isprintable() and not _visible(item)):
+        if is_blank(item):
             raise InvalidInput(f"{where}[{i}] is empty; send non-empty text")
         texts.append(item)
     return texts
+
+
+def is_blank(text: str) -> bool:
+    """Nothing a model could read: empty, spaces, or only controls and format characters."""
+    return not text.strip() or (not text.isprintable() and not _visible(text))
 
 
 def _visible(text: str) -> bool:

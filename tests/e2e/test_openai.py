@@ -22,6 +22,7 @@ from tests.conftest import (
 
 QUERIES = ["wake me up at five am this week", "play some jazz", "olly what's the weather"]
 MAX_SEQUENCE_LENGTH = 256  # embed's model.yaml
+SLASHED = "BAAI/bge-small-en-v1.5"
 ALIAS = "text-embedding-3-small"
 
 
@@ -49,7 +50,8 @@ def alias_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     (folder / "repository").mkdir()
     (folder / "repository" / "embed").symlink_to(REPOSITORY / "embed")
     server = start_server(folder / "repository", folder / "server.log",
-                          "--served-model-name", f"{ALIAS}=embed")
+                          "--served-model-name", f"{ALIAS}=embed",
+                          "--served-model-name", f"{SLASHED}=embed")
     yield server
     stop_server(server)
 
@@ -155,6 +157,17 @@ def test_bad_fields_are_400s_whose_param_names_the_field(
     assert words in error["message"] and error["code"] is None
 
 
+def test_null_encoding_format_is_float_and_head_is_allowed_where_get_is(
+        real_server: RunningServer) -> None:
+    """`"encoding_format": null` is OpenAI's default, as `dimensions: null` already was (it
+    was a 400 naming 'None'); a 405's Allow names HEAD, which GET routes answer."""
+    body = {"model": "embed", "input": "jazz", "encoding_format": None}
+    answer = httpx.post(f"{real_server.url}/v1/embeddings", json=body, timeout=30)
+    assert answer.status_code == 200 and len(answer.json()["data"][0]["embedding"]) == 384
+    refused = httpx.post(f"{real_server.url}/v1/models", timeout=30)
+    assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
+
+
 def test_an_unknown_model_is_model_not_found(real_server: RunningServer) -> None:
     client = sdk(real_server)
     with pytest.raises(openai.NotFoundError) as caught:
@@ -246,10 +259,12 @@ def test_an_alias_serves_its_model_under_openais_name(alias_server: RunningServe
     assert answer.model == ALIAS
     np.testing.assert_allclose(vectors(answer), kserve_vectors(alias_server, QUERIES),
                                atol=1e-6)
-    assert [m.id for m in client.models.list()] == ["embed", ALIAS]
+    assert [m.id for m in client.models.list()] == [SLASHED, "embed", ALIAS]
     alias = client.models.retrieve(ALIAS)
     assert alias.id == ALIAS and alias.owned_by == "queryserve"
     assert alias.model_dump()["root"] == "embed"
+    # The SDK sends the slash as %2F (the transport keeps a path's %2F): it was a 404.
+    assert client.models.retrieve(SLASHED).id == SLASHED
     with pytest.raises(openai.NotFoundError) as caught:
         client.embeddings.create(model="text-embedding-3-large", input="jazz")
     assert ALIAS in caught.value.message  # the names it does serve, aliases included
@@ -280,6 +295,11 @@ def test_an_unloaded_model_is_a_503_with_retry_after(fake_server: RunningServer)
         assert error.status_code == 503 and error.type == "server_error"
         assert error.response.headers["retry-after"] == "1"
         assert "not loaded" in error.message
+        # Not listed, so not found: retrieving it was a 503 the SDK retried for 2 s.
+        assert client.models.list().data == []
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.models.retrieve("fake")
+        assert missing.value.code == "model_not_found" and "not loaded" in missing.value.message
     finally:
         httpx.post(f"{fake_server.url}/v2/repository/models/fake/load", headers=headers,
                    timeout=60).raise_for_status()

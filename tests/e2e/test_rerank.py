@@ -69,6 +69,9 @@ def test_documents_as_objects_and_without_the_prefix(real_server: RunningServer)
     ({"query": ""}, 400, "query", "'query' must be a non-empty string"),
     ({"query": ["sony"]}, 400, "query", "'query' must be a non-empty string"),
     ({"query": None}, 400, "query", "'query' must be a non-empty string"),
+    # Nothing a model reads (it was scored, as the documents are not)
+    ({"query": "\u200b"}, 400, "query", "'query' must be a non-empty string"),
+    ({"query": "\u0000 \ufeff"}, 400, "query", "'query' must be a non-empty string"),
     ({"documents": []}, 400, "documents", "'documents' is empty"),
     ({"documents": "sony"}, 400, "documents", "'documents' must be a list"),
     ({"documents": ["sony", 5]}, 400, "documents", "documents[1] must be a string"),

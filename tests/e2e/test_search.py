@@ -126,6 +126,8 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
     assert any("sony" in (r["title"] + r["performer_or_brand"]).lower()
                for r in products.json()["results"])
     for body_, words in [({"query": ""}, '"query": a non-empty string'),
+                         ({"query": "\u0000"}, '"query": a non-empty string'),  # was searched
+                         ({"query": "\u200b"}, '"query": a non-empty string'),
                          ({"query": "jazz", "k": 0}, "'k' must be an integer"),
                          ({"query": "jazz", "catalog": "movies"}, "'catalog' is 'movies'")]:
         bad = httpx.post(f"{real_server.url}/v1/search", json=body_)

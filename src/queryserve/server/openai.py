@@ -16,9 +16,11 @@ import base64
 from typing import Any
 
 from queryserve.api import Embeddings, Inputs
+from queryserve.errors import NotFound, Unavailable
 from queryserve.model import AnyModel
 from queryserve.server.http import Request, Response
 from queryserve.server.openai_protocol import (
+    DetailedError,
     about,
     find_model,
     invalid,
@@ -51,7 +53,7 @@ class OpenAIRoutes:
         name, model = model_for(self.state, body, Embeddings, "/v1/embeddings", EXAMPLE)
         with self.state.reading(model):
             inputs = embedding_inputs(body.get("input"))
-            encoding = body.get("encoding_format", "float")
+            encoding = body.get("encoding_format") or "float"  # null: not given, as OpenAI
             if encoding not in ("float", "base64"):
                 raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
                               "'float' or 'base64'", "encoding_format")
@@ -72,7 +74,16 @@ class OpenAIRoutes:
             model_card(name, model) for name, model in self.state.served_models().items()]})
 
     async def one_model(self, request: Request, name: str) -> Response:
-        return json_response(model_card(name, find_model(self.state, name)))
+        # The SDK's `models.retrieve("BAAI/bge-small-en-v1.5")` sends the slash as %2F, which
+        # the transport keeps (a path's %2F is not a separator): here it is one.
+        name = name.replace("%2F", "/").replace("%2f", "/")
+        try:
+            model = find_model(self.state, name)
+        except Unavailable as exc:  # not loaded: not listed, so not found (a 503 the SDK
+            # retried, 2 s, for a model an operator unloaded)
+            raise DetailedError(NotFound(exc.message), param="model",
+                                code="model_not_found") from None
+        return json_response(model_card(name, model))
 
 
 def embedding_inputs(raw: object) -> Inputs:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from queryserve.api import Inputs, PairScores, decode_texts
+from queryserve.api import Inputs, PairScores, decode_texts, is_blank
 from queryserve.server.http import Request, Response
 from queryserve.server.openai_protocol import about, invalid, model_for
 from queryserve.server.routing import Router, json_body, json_response
@@ -60,7 +60,7 @@ class RerankRoutes:
 
 
 def _query(raw: object) -> str:
-    if not isinstance(raw, str) or not raw.strip():
+    if not isinstance(raw, str) or is_blank(raw):  # "\u200b" was scored as a query
         raise invalid(f"'query' must be a non-empty string, e.g. {EXAMPLE}", "query")
     return raw
 

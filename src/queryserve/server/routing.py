@@ -60,7 +60,7 @@ class Router:
 
 
 def _not_allowed(request: Request, handlers: dict[str, Any]) -> MethodNotAllowed:
-    allowed = sorted(handlers)
+    allowed = sorted({*handlers, "HEAD"} if "GET" in handlers else handlers)  # HEAD is GET's
     return MethodNotAllowed(f"{request.method[:20]} is not allowed on {request.path[:200]}; "
                             f"use {' or '.join(allowed)}", ", ".join(allowed))
 

@@ -21,6 +21,7 @@ from queryserve.api import (
     PairScores,
     SearchAnswer,
     Searches,
+    is_blank,
 )
 from queryserve.errors import InvalidInput
 from queryserve.model import Model
@@ -167,7 +168,7 @@ def _search_answer(a: SearchAnswer) -> dict[str, object]:
 
 def _search_query(body: dict[str, Any]) -> str:
     query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
+    if not isinstance(query, str) or is_blank(query):  # "\u0000" was searched
         raise InvalidInput(f'the body must be a JSON object with "query": a non-empty string, '
                            f"e.g. {SEARCH}")
     return query
