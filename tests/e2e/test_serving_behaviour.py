@@ -231,7 +231,7 @@ def test_an_upgrade_request_is_answered_once_as_plain_http(server: RunningServer
 def test_http_details_methods_encoded_paths_and_repeated_inputs(server: RunningServer) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         wrong = client.post("/v2/health/live")
-        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD"
         head = client.head("/v2/models/fast")  # as GET, headers only
         assert head.status_code == 200 and head.content == b""
         assert int(head.headers["content-length"]) == len(client.get("/v2/models/fast").content)
