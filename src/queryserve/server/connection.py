@@ -39,9 +39,6 @@ from queryserve.server.response_queue import ResponseQueue
 FEED_BYTES = 2 * 1024  # the most fed to the parser at a time
 TURN_BYTES = 16 * 1024
 TURN_S = 0.25e-3
-YIELD_S = 1e-3
-"""How long a connection whose turn ran out of time waits: the loop idles meanwhile (the
-timers of libuv count whole milliseconds: 0.25 ms was none)."""
 """The most parsed for one connection in one turn of the event loop, in bytes and in time; the
 rest waits for the next turn, reading paused. libuv reads up to 32 times 256 KiB in one turn,
 and a body in 2-byte chunks costs the parser three callbacks a chunk: one 8 MB such body held
@@ -54,6 +51,9 @@ chunks waits `YIELD_S` for its next: a loop never idle holds the GIL but for the
 each time they needed it (in-process, with `embed` served: p50 30 ms beside such a body, 5.8
 after, against 4.8 with none; the body took 10.1 s rather than 2.3: it pays, not the others).
 An 8 MB plain body still takes 512 turns, each a few microseconds of the loop's own."""
+YIELD_S = 1e-3
+"""How long a connection whose turn ran out of time waits: the loop idles meanwhile (the
+timers of libuv count whole milliseconds: 0.25 ms was none)."""
 
 
 class ConnectionOwner(Protocol):
