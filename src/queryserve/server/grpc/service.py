@@ -98,25 +98,17 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
         try:
             if keyed:
                 state.auth.check_key(metadata.get("authorization"), grpc=True)
-            if isinstance(request, Malformed):
-                raise InvalidInput(f"the request message does not parse: {request.error}")
+            parsed = _parsed(request)
             context.set_trailing_metadata(echoed)
-            sent = await handler(service, request)
+            sent = await handler(service, parsed)
             return sent
-        except QueryServeError as exc:
-            status, code = exc.http_status, grpc.StatusCode[exc.grpc_code]
-            if status == 500:  # the server's failure: which request met it
-                log.error("gRPC %s (request %s) answered INTERNAL: %s", handler.__name__,
-                          request_id, exc.message)
-            await abort(context, code, exc.message, (*exc.headers.items(), *echoed))
         except asyncio.CancelledError:
             status, code = CLIENT_CLOSED, grpc.StatusCode.CANCELLED  # the client left
             raise
-        except Exception:
-            status, code = 500, grpc.StatusCode.INTERNAL
-            log.exception("error answering gRPC %s (request %s)", handler.__name__,
-                          request_id)
-            await abort(context, code, "internal server error", echoed)
+        except Exception as exc:
+            error = _answered_error(exc, handler.__name__, request_id)
+            status, code = error.http_status, grpc.StatusCode[error.grpc_code]
+            await abort(context, code, error.message, (*error.headers.items(), *echoed))
         finally:
             if state.access_log is not None or span is not None:
                 model = getattr(request, "model_name", None) or getattr(request, "name", None)
@@ -129,6 +121,25 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
                     tracing.end_rpc(span, code.value[0], model or None, status)
 
     return answer
+
+
+def _parsed(request: Req | Malformed) -> Req:
+    if isinstance(request, Malformed):
+        raise InvalidInput(f"the request message does not parse: {request.error}")
+    return request
+
+
+def _answered_error(exc: Exception, rpc: str, request_id: str) -> QueryServeError:
+    """What a call that raised `exc` answers: its own error, or, for anything else (a bug),
+    "internal server error", which leaks nothing. The server's failures are logged with the
+    request they met."""
+    if isinstance(exc, QueryServeError):
+        if exc.http_status == 500:
+            log.error("gRPC %s (request %s) answered INTERNAL: %s", rpc, request_id,
+                      exc.message)
+        return exc
+    log.error("error answering gRPC %s (request %s)", rpc, request_id, exc_info=exc)
+    return QueryServeError("internal server error")
 
 
 def _size(message: object) -> int:
@@ -261,19 +272,11 @@ class InferenceService:
         status, response = 200, None
         model = getattr(request, "model_name", "") or None
         try:
-            if isinstance(request, Malformed):
-                raise InvalidInput(f"the request message does not parse: {request.error}")
-            response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
-        except QueryServeError as exc:
-            status = exc.http_status
-            if status == 500:
-                log.error("gRPC ModelStreamInfer (request %s) failed: %s", request_id,
-                          exc.message)
-            response = self._stream_error(request, exc.message)
-        except Exception:
-            status = 500
-            log.exception("error answering gRPC ModelStreamInfer (request %s)", request_id)
-            response = self._stream_error(request, "internal server error")
+            parsed: pb.ModelInferRequest = _parsed(request)
+            response = pb.ModelStreamInferResponse(infer_response=await self._infer(parsed))
+        except Exception as exc:
+            error = _answered_error(exc, "ModelStreamInfer", request_id)
+            status, response = error.http_status, self._stream_error(request, error.message)
         finally:
             if self.state.access_log is not None:
                 self.state.access_log.line(request_id, "POST", STREAM_PATH, model, status,

@@ -15,8 +15,11 @@ The supervisor:
   supervisor exits 0 when all have exited 0; a worker takes a repeated SIGTERM as the same
   one (a signal to the process group reaches it twice), so a second signal to the supervisor
   is sent on as SIGKILL: they exit now;
-- replaces a worker that dies, after a back-off that doubles with each death in a row before
-  it served; five in a row and it gives up, stops the others and exits 1 (never a restart loop);
+- replaces a worker that dies, at once the first time and then after a back-off that doubles
+  with each death in a row (a worker that served `STEADY_S` ends the row): a request that
+  kills whichever worker takes it, sent again and again, costs a worker at most every
+  `MAX_BACKOFF_S`, never a restart loop; five deaths in a row before serving and it gives up,
+  stops the others and exits 1 (its models will not load);
 - kills a serving worker whose event loop has not turned for `--worker-timeout` (its beat,
   `peers.Siblings.beat`) and replaces it: a stuck loop answers nobody, and the kernel goes on
   handing it a share of the new connections (gunicorn's `--timeout`, for the same reason);
@@ -55,7 +58,10 @@ MAX_FAILED_STARTS = 5
 """Deaths in a row of one worker before it ever served: then the server gives up."""
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
+STEADY_S = 60.0
+"""Serving this long ends a worker's row of deaths: its next one is replaced at once."""
 POLL_S = 0.2
+FOLDER_PREFIX = "queryserve-"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -67,9 +73,12 @@ class _Slot:
     process: BaseProcess | None = None
     failed_starts: int = 0
     """Deaths in a row before serving."""
+    deaths: int = 0
+    """Deaths in a row, served or not, none after serving `STEADY_S`: the back-off's step."""
     restart_at: float | None = None
     served: bool = False
     """The process in it got as far as serving (seen on its byte of `serving`)."""
+    serving_since: float | None = None
     stuck: bool = False
     """Killed for a loop that stopped turning (`Supervisor._kill_stuck`)."""
 
@@ -99,7 +108,8 @@ class Supervisor:
         access_log = self.options.access_log
         if access_log is not None and access_log != "-":  # likewise a log it cannot write
             open_log_file(access_log).close()
-        folder = Path(tempfile.mkdtemp(prefix="queryserve-"))
+        _remove_orphaned_folders()
+        folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         with contextlib.ExitStack() as held:
             held.callback(shutil.rmtree, folder, True)
             options = self._reserve_ports(held)
@@ -129,6 +139,7 @@ class Supervisor:
             args=(dataclasses.replace(options, seat=seat), self.log_level, os.getpid()))
         process.start()
         slot.process, slot.restart_at, slot.served, slot.stuck = process, None, False, False
+        slot.serving_since = None
         log.info("worker %d started (pid %d)", slot.worker, process.pid)
 
     def _watch(self, options: ServeOptions, folder: Path) -> int:
@@ -141,7 +152,8 @@ class Supervisor:
             for sentinel in wait(list(running), timeout=POLL_S):
                 self._ended(running[sentinel])  # type: ignore[index]  # sentinels are ints
             for slot in self.slots:
-                slot.served = slot.served or bool(self.serving[slot.worker])
+                if not slot.served and self.serving[slot.worker]:
+                    slot.served, slot.serving_since = True, time.monotonic()
             if not self.stopping:
                 self._kill_stuck()
                 self._restart_due(options, folder)
@@ -173,6 +185,9 @@ class Supervisor:
                 else code
             return
         slot.failed_starts = 0 if served else slot.failed_starts + 1
+        steady = (slot.serving_since is not None
+                  and time.monotonic() - slot.serving_since >= STEADY_S)
+        slot.deaths = 1 if steady else slot.deaths + 1
         self.restarts[0] += 1
         if slot.failed_starts >= MAX_FAILED_STARTS:
             log.error("worker %d died %d times in a row before serving (exit %s): stopping "
@@ -180,11 +195,13 @@ class Supervisor:
             self.exit_codes[slot.worker] = code or 1
             self._stop_all()
             return
-        delay = 0.0 if served else min(MAX_BACKOFF_S,
-                                       FIRST_BACKOFF_S * 2 ** (slot.failed_starts - 1))
+        # One death of a worker that served is replaced at once: the server is short of it.
+        delay = 0.0 if served and slot.deaths == 1 else min(
+            MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (slot.deaths - 1))
         how = "killed, stuck" if slot.stuck else f"died (exit {code})"
-        log.error("worker %d (pid %d) %s: replacing it in %.1f s (%d replaced so far)",
-                  slot.worker, process.pid, how, delay, self.restarts[0])
+        row = f", {slot.deaths} deaths in a row" if slot.deaths > 1 else ""
+        log.error("worker %d (pid %d) %s: replacing it in %.1f s (%d replaced so far%s)",
+                  slot.worker, process.pid, how, delay, self.restarts[0], row)
         slot.restart_at = time.monotonic() + delay
 
     def _kill_stuck(self) -> None:
@@ -225,6 +242,22 @@ class Supervisor:
             if slot.process is not None and slot.process.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(slot.process.pid, how)  # type: ignore[arg-type]
+
+
+def _remove_orphaned_folders() -> None:
+    """Remove the control folders of supervisors that were killed (SIGKILL, a crash): one
+    stopped any other way removes its own, and a killed one cannot. The folder is named for
+    its supervisor's pid; while that pid lives (or was reused) the folder is left alone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        # A folder gone meanwhile (OSError) or another user's process (PermissionError: it
+        # lives) is left; so is a folder not this user's.
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and folder.is_dir() and folder.stat().st_uid == os.getuid():
+                try:
+                    os.kill(int(pid), 0)
+                except ProcessLookupError:
+                    shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
