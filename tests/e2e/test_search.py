@@ -147,7 +147,18 @@ def test_search_is_a_kserve_ensemble_model(real_server: RunningServer) -> None:
     queries = ["taylor swfit shak it off", "blank spase"]
     tensor = triton.InferInput("query", [2, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[q.encode()] for q in queries], dtype=object))
+    before = client.get_inference_statistics("search")["model_stats"][0]
     result = client.infer("search", [tensor])
+    # As Triton counts an ensemble's request: one execution of its batch size, its queries
+    # inferences, and one queue and compute entry (the steps count theirs on their models).
+    after = client.get_inference_statistics("search")["model_stats"][0]
+    assert after["execution_count"] - before["execution_count"] == 1
+    assert after["inference_count"] - before["inference_count"] == 2
+    assert after["last_inference"] > 0
+    for figure in ("success", "queue", "compute_infer"):
+        assert (after["inference_stats"][figure]["count"]
+                - before["inference_stats"][figure]["count"]) == 1, figure
+    assert {b["batch_size"] for b in after["batch_stats"]} >= {2}
     corrected = [v.decode() for v in result.as_numpy("corrected").ravel()]
     assert corrected == ["taylor swift shake it off", "blank space"]
     for query, text in zip(queries, result.as_numpy("results").ravel(), strict=True):

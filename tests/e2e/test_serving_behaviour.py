@@ -142,6 +142,29 @@ def test_response_cache_answers_repeats(server: RunningServer) -> None:
     assert stats(server, "fast")["inference_count"] == 1
 
 
+def test_the_cache_and_the_queue_count_requests_as_triton_does(server: RunningServer) -> None:
+    """Triton's statistics count requests: a cache hit is a request the cache answered
+    wholly, queue counts every successful request, compute those that ran. The cache is per
+    text, so `/metrics` counts the texts too."""
+    def figures() -> dict[str, float]:
+        inference = stats(server, "fast")["inference_stats"]
+        return {"hit": inference["cache_hit"]["count"], "miss": inference["cache_miss"]["count"],
+                **{name: inference[name]["count"] for name in (
+                    "success", "queue", "compute_input", "compute_infer", "compute_output")},
+                "hit texts": metric(server, 'queryserve_cache_hits_total{model="fast"}'),
+                "missed texts": metric(server, 'queryserve_cache_misses_total{model="fast"}')}
+
+    before = figures()
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        for texts in (("count a", "count b", "count c"), ("count a", "count b", "count c"),
+                      ("count a", "count d")):
+            assert client.post("/v2/models/fast/infer", json=infer_body(*texts)).is_success
+    after = figures()
+    assert {name: after[name] - before[name] for name in after} == {
+        "hit": 1, "miss": 2, "success": 3, "queue": 3, "compute_input": 2, "compute_infer": 2,
+        "compute_output": 2, "hit texts": 4, "missed texts": 4}
+
+
 def test_pipelined_requests_are_answered_in_order(server: RunningServer) -> None:
     requests = b""
     for text in ("first", "second", "third"):

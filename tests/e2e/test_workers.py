@@ -97,6 +97,44 @@ def test_both_workers_answer_and_the_figures_are_the_whole_server_s(
     assert int(stats["inference_count"]) == sent
 
 
+def test_queue_and_compute_count_requests_not_texts_as_triton_does(
+        workers: tuple[RunningServer, int]) -> None:
+    """perf_analyzer and dashboards divide queue and compute time by the request count, which
+    Triton keeps equal to the successful requests: counted per text, a request of 4 texts
+    showed 4x its compute time. Requests of 1 and 4 texts over HTTP and 2 over gRPC, sent at
+    once so that their texts share batches, whichever worker answers."""
+    server, grpc_port = workers
+    import tritonclient.grpc as grpcclient
+
+    def http_request(i: int) -> None:
+        texts = [f"request {i} text {j}" for j in range(4 if i % 2 else 1)]
+        with httpx.Client(timeout=30) as client:
+            assert client.post(f"{server.url}/v2/models/slow/infer",
+                               json=infer_body(*texts)).status_code == 200
+
+    def grpc_request(i: int) -> None:
+        text = grpcclient.InferInput("text", [2, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[f"grpc {i} a".encode()], [f"grpc {i} b".encode()]],
+                                          dtype=object))
+        grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}").infer("slow", [text])
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(http_request, range(10)))  # 5 of 1 text, 5 of 4
+        list(pool.map(grpc_request, range(6)))
+    requests, texts = 16, 5 + 20 + 12
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    for stats in (grpc.get_inference_statistics("slow", as_json=True)["model_stats"][0],
+                  httpx.get(f"{server.url}/v2/models/slow/stats").json()["model_stats"][0]):
+        inference = stats["inference_stats"]
+        for name in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+            assert int(inference[name]["count"]) == requests, (name, stats)
+        assert int(stats["inference_count"]) == texts
+        executions = sum(int(b["compute_infer"]["count"]) for b in stats["batch_stats"])
+        assert executions == int(stats["execution_count"]) < texts  # texts shared batches
+        # A request's compute is its batches' (20 ms each), not one per text.
+        assert 20e6 <= int(inference["compute_infer"]["ns"]) / requests < 200e6
+
+
 def test_repeated_statistics_keep_one_series_per_worker(
         workers: tuple[RunningServer, int]) -> None:
     """Each statistics read gathers the sibling's snapshot. Merging it once extended
@@ -203,6 +241,36 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(
     assert f"worker 0 (pid {victim}) died (exit -9)" in server.log_text()
     assert scrape(server.url)["queryserve_worker_restarts_total[]"] == 1
     assert len({answering_process(server.url) for _ in range(40)}) == 2  # both serve again
+
+
+def test_a_worker_that_keeps_dying_after_serving_is_replaced_later_each_time(
+        workers: tuple[RunningServer, int]) -> None:
+    """A request that kills whichever worker takes it, sent again and again, must not turn
+    into a restart loop: the first death is replaced at once, the next ones after a back-off
+    that doubles (a worker that served a minute ends the row), and the other worker serves
+    throughout. The server never gives up on a worker that served."""
+    server, _ = workers
+    statuses: list[int] = []
+    for death in range(3):
+        victim = worker_pids(server)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with httpx.Client(base_url=server.url, timeout=10) as client:
+                statuses.append(client.post("/v2/models/fast/infer",
+                                            json=infer_body("still here")).status_code)
+                if (worker_pids(server)[0] != victim
+                        and client.get("/v2/health/ready").status_code == 200):
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"worker 0 not replaced after death {death + 1}: {server.log_text()}")
+    text = server.log_text()
+    delays = re.findall(r"worker 0 \(pid \d+\) died \(exit -9\): replacing it in ([\d.]+) s", text)
+    assert delays == ["0.0", "1.0", "2.0"], text
+    assert "(3 replaced so far, 3 deaths in a row)" in text, text
+    assert set(statuses) == {200}  # the other worker answered throughout
+    assert scrape(server.url)["queryserve_worker_restarts_total[]"] == 3
 
 
 def test_a_stuck_worker_is_killed_and_replaced(tmp_path: Path) -> None:

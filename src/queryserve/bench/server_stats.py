@@ -83,10 +83,9 @@ def _batches(stats: dict[str, Any]) -> dict[int, int]:
 
 
 def _mean_ns(before: dict[str, Any], after: dict[str, Any], name: str) -> float:
-    """One duration's mean over its own count, as perf_analyzer reads Triton's. The server
-    counts queue and compute per item, and a request's items wait and run together, so this
-    is the time a request spent there; over the requests' count, a request of 4 items showed
-    10 ms of compute against a client p99 of 9.4 ms."""
+    """One duration's mean over its own count, as perf_analyzer reads Triton's: the time a
+    request spent there (the server counts queue and compute once per request, as Triton
+    does; compute leaves out requests the cache answered)."""
     count = _pair(after, name)[0] - _pair(before, name)[0]
     return (_pair(after, name)[1] - _pair(before, name)[1]) / count if count > 0 else 0.0
 

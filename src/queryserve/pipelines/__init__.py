@@ -21,7 +21,7 @@ def create_pipeline(config: ModelConfig, backends: Sequence[Backend], stats: Mod
     if kind == "search":
         from queryserve.pipelines.search.ensemble import SearchPipeline
 
-        return SearchPipeline(config, lookup)
+        return SearchPipeline(config, lookup, stats)
     if kind == "spelling":
         from queryserve.pipelines.spelling import Spelling
 

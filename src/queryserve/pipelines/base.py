@@ -24,7 +24,7 @@ from queryserve.config import MODEL_FILE, ModelConfig
 from queryserve.errors import ConfigError, InvalidInput
 from queryserve.scheduling.cache import LruCache
 from queryserve.scheduling.scheduler import Scheduler
-from queryserve.scheduling.stats import ModelStats
+from queryserve.scheduling.stats import ModelStats, RequestWork
 from queryserve.types import Array
 
 P = TypeVar("P")  # one item's payload, as queued
@@ -218,6 +218,8 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         if self.cache is not None:
             keys = texts if pairs is None else list(zip(texts, pairs, strict=True))
             misses, tokens = self._from_cache(keys, rows)
+            if not misses:  # answered without queueing: it waited for nothing
+                self.stats.record_work(RequestWork())
         if misses:
             fresh = [texts[i] for i in misses]
             fresh_pairs = None if pairs is None else [pairs[i] for i in misses]
@@ -253,22 +255,28 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         whole request. The first turn passes admission control; the rest of an admitted
         request is never refused."""
         scheduler = self.scheduler
+        work = RequestWork()  # counted once the request is answered, as Triton counts
         if len(payloads) == 1:  # the search bar's case: no turns, no gather
-            return [await scheduler.submit(payloads, counts, timeout_s)[0]]
+            row = await scheduler.submit(payloads, counts, timeout_s, work=work)[0]
+            self.stats.record_work(work)
+            return [row]
         if len(payloads) <= scheduler.turn_items:
-            return await self._run_turns(payloads, counts, timeout_s)
+            rows = await self._run_turns(payloads, counts, timeout_s, work)
+            self.stats.record_work(work)
+            return rows
         # Many turns: queued shortest first, so that each turn's batches hold texts of about
         # one length (the batcher sorts only the window it sees), then put back in order.
         order = sorted(range(len(payloads)), key=counts.__getitem__)
         rows = await self._run_turns([payloads[i] for i in order], [counts[i] for i in order],
-                                     timeout_s)
+                                     timeout_s, work)
+        self.stats.record_work(work)
         ordered: list[R] = [rows[0]] * len(rows)
         for position, row in zip(order, rows, strict=True):
             ordered[position] = row
         return ordered
 
     async def _run_turns(self, payloads: list[P], counts: list[int],
-                         timeout_s: float | None) -> list[R]:
+                         timeout_s: float | None, work: RequestWork) -> list[R]:
         scheduler = self.scheduler
         most_tokens = self.config.dynamic_batching.max_batch_tokens * len(scheduler.instances)
         rows: list[R] = []
@@ -281,7 +289,7 @@ class TextPipeline(ABC, Generic[P, R, Res]):
                     budget += counts[end]
                     end += 1
                 futures = scheduler.submit(payloads[start:end], counts[start:end], timeout_s,
-                                           admitted=start > 0)
+                                           admitted=start > 0, work=work)
                 try:
                     rows += await asyncio.gather(*futures)
                 except BaseException:
@@ -306,12 +314,12 @@ class TextPipeline(ABC, Generic[P, R, Res]):
             else:
                 rows[i], count = hit
                 tokens += count
-        elapsed = time.perf_counter() - started
-        hits = len(keys) - len(misses)
-        if hits:
-            self.stats.cache_hit.add(elapsed * hits / len(keys), hits)
-        if misses:
-            self.stats.cache_miss.add(elapsed * len(misses) / len(keys), len(misses))
+        # Triton counts requests: a hit is one the cache answered wholly. The cache is per
+        # text, so `/metrics` also counts the texts.
+        (self.stats.cache_miss if misses else self.stats.cache_hit).add(
+            time.perf_counter() - started)
+        self.stats.cached_items += len(keys) - len(misses)
+        self.stats.missed_items += len(misses)
         return misses, tokens
 
 

@@ -34,6 +34,7 @@ from typing import Generic, Protocol, TypeVar
 
 from queryserve.config import DynamicBatching
 from queryserve.errors import Overloaded
+from queryserve.scheduling.stats import RequestWork
 
 P = TypeVar("P")
 
@@ -59,6 +60,8 @@ class QueuedItem(Generic[P]):
     request: Sequence[Ticket] = ()
     """The tickets of every item of the same request (turn), this one's included: when one
     fails, the others are not worth running."""
+    work: RequestWork | None = None
+    """Where its request's queue and compute time gather (None: nobody counts them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from queryserve.backends import Backend
 from queryserve.config import DynamicBatching
 from queryserve.errors import ModelFailed, RequestTimeout, Unavailable
 from queryserve.scheduling.batcher import Cut, DynamicBatcher, QueuedItem
-from queryserve.scheduling.stats import ModelStats
+from queryserve.scheduling.stats import ModelStats, RequestWork
 from queryserve.types import Array
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ class Scheduler(Generic[P, R]):
         self._closed: asyncio.Future[None] | None = None  # set by close(): no more admission
         self._in_turns = 0  # requests queued in turns that have not ended: see `turns`
         self._failures = 0  # batches that failed, since load
+        self._batches = 0  # batches that succeeded: a number for each (`RequestWork.charge`)
 
     @property
     def queue_depth(self) -> int:
@@ -183,9 +184,10 @@ class Scheduler(Generic[P, R]):
         return min(turn, limit) if limit else turn
 
     def submit(self, payloads: Sequence[P], tokens: Sequence[int],
-               timeout_s: float | None = None,
-               admitted: bool = False) -> list[asyncio.Future[R]]:
-        """Queue one request's items; their futures resolve to one output row each.
+               timeout_s: float | None = None, admitted: bool = False,
+               work: RequestWork | None = None) -> list[asyncio.Future[R]]:
+        """Queue one request's items; their futures resolve to one output row each, and what
+        they cost is charged to `work` as their batches succeed.
 
         Raises Overloaded when the queue is full: then none of the items is queued. A later
         turn of a request already admitted (`admitted`) is never refused half-way.
@@ -198,7 +200,7 @@ class Scheduler(Generic[P, R]):
         deadline = now + timeout_s if timeout_s > 0 else math.inf
         futures: list[asyncio.Future[R]] = [loop.create_future() for _ in payloads]
         self.batcher.add([
-            QueuedItem(payload, count, now, deadline, future, futures)
+            QueuedItem(payload, count, now, deadline, future, futures, work)
             for payload, count, future in zip(payloads, tokens, futures, strict=True)
         ], admitted)
         self._schedule()
@@ -327,8 +329,12 @@ class Scheduler(Generic[P, R]):
             for item, row in zip(batch, rows, strict=True):
                 if not item.ticket.done():
                     _future(item).set_result(row)
-            self.stats.record_batch(len(batch), [started - item.enqueued_at for item in batch],
-                                    times.input_s, times.infer_s, times.output_s)
+            self._batches += 1
+            for item in batch:
+                if item.work is not None:
+                    item.work.charge(self._batches, started - item.enqueued_at,
+                                     times.input_s, times.infer_s, times.output_s)
+            self.stats.record_batch(len(batch), times.input_s, times.infer_s, times.output_s)
             cost = (times.input_s + times.infer_s + times.output_s) / len(batch)
             self._item_cost_s = cost if self._item_cost_s == math.inf \
                 else max(cost, self._item_cost_s * PEAK_DECAY)

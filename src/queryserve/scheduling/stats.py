@@ -57,8 +57,8 @@ class Duration:
     count: int = 0
     ns: int = 0
 
-    def add(self, seconds: float, count: int = 1) -> None:
-        self.count += count
+    def add(self, seconds: float) -> None:
+        self.count += 1
         self.ns += int(seconds * 1e9)
 
     def as_json(self) -> dict[str, int]:
@@ -82,6 +82,37 @@ class BatchDurations:
 
 
 @dataclass(slots=True)
+class RequestWork:
+    """What one request's items cost in the queue and the model, gathered batch by batch
+    (`Scheduler`) and counted once when the request is answered (`ModelStats.record_work`).
+
+    Triton counts queue and compute once per request: perf_analyzer and dashboards divide
+    their time by the request count, and counted per item a request of 4 texts showed 4x
+    its compute time. A request's items may run in several batches (the batcher groups
+    texts by length; a long request runs in turns): its queue time is its longest-waiting
+    item's, its compute time that of every batch that ran one of its items."""
+
+    queue_s: float = 0.0
+    input_s: float = 0.0
+    infer_s: float = 0.0
+    output_s: float = 0.0
+    batches: int = 0
+    last_batch: int = -1
+    """The number of the last batch charged here (`charge`): each batch is charged once."""
+
+    def charge(self, batch: int, wait_s: float, input_s: float, infer_s: float,
+               output_s: float) -> None:
+        """One of the request's items ran in batch number `batch` after waiting `wait_s`."""
+        self.queue_s = max(self.queue_s, wait_s)
+        if batch != self.last_batch:
+            self.last_batch = batch
+            self.batches += 1
+            self.input_s += input_s
+            self.infer_s += infer_s
+            self.output_s += output_s
+
+
+@dataclass(slots=True)
 class ModelStats:
     """Cumulative since the model loaded. Times are seconds in, nanoseconds out (Triton)."""
 
@@ -92,7 +123,12 @@ class ModelStats:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     cache_hit: Duration = field(default_factory=Duration)
+    """Requests answered wholly from the response cache (Triton's count)."""
     cache_miss: Duration = field(default_factory=Duration)
+    """Requests the cache could not answer wholly: some of their texts ran."""
+    cached_items: int = 0
+    """Texts answered from the cache (the cache is per text: `/metrics` counts these)."""
+    missed_items: int = 0
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
@@ -115,26 +151,36 @@ class ModelStats:
         else:
             self.fail.add(seconds)
 
-    def record_batch(self, size: int, queue_s: list[float], input_s: float, infer_s: float,
+    def record_batch(self, size: int, input_s: float, infer_s: float,
                      output_s: float) -> None:
-        """A batch ran; `queue_s` holds each item's wait before it."""
+        """A batch of `size` items ran (its requests' share: `RequestWork`)."""
         self.execution_count += 1
         self.inference_count += size
         self.last_inference_ms = int(time.time() * 1000)
         self.batch_size.observe(size)
         self.compute_latency.observe(input_s + infer_s + output_s)
-        for wait in queue_s:
-            self.queue.add(wait)
-            self.queue_latency.observe(wait)
-        # As Triton: each request of a batch is charged the batch's whole compute time, so
-        # ns / count is the compute time a request saw (perf_analyzer reads it that way).
-        for total, seconds in ((self.compute_input, input_s), (self.compute_infer, infer_s),
-                               (self.compute_output, output_s)):
-            total.add(seconds * size, size)
         per_size = self.by_batch_size.setdefault(size, BatchDurations())
         per_size.compute_input.add(input_s)
         per_size.compute_infer.add(infer_s)
         per_size.compute_output.add(output_s)
+
+    def record_work(self, work: RequestWork) -> None:
+        """A request was answered: its queue time, and its compute time unless the cache
+        answered it wholly (no batch), counted once, as Triton counts them (queue: every
+        successful request, cache hits included; compute: those that ran)."""
+        self.queue.add(work.queue_s)
+        self.queue_latency.observe(work.queue_s)
+        if work.batches:
+            self.compute_input.add(work.input_s)
+            self.compute_infer.add(work.infer_s)
+            self.compute_output.add(work.output_s)
+
+    def record_ensemble(self, size: int, seconds: float) -> None:
+        """An ensemble request of `size` queries was answered in `seconds`: as Triton counts
+        one, an execution of that batch size, its steps' time its compute (the steps queue,
+        and are counted, on their own models)."""
+        self.record_batch(size, 0.0, seconds, 0.0)
+        self.record_work(RequestWork(infer_s=seconds, batches=1))
 
     def record_tokenize(self, elapsed_ns: int) -> None:
         """One request's texts were tokenized in `elapsed_ns` (a `perf_counter_ns` pair). Called
@@ -152,6 +198,8 @@ class ModelStats:
                              (self.cache_hit, other.cache_hit),
                              (self.cache_miss, other.cache_miss)):
             mine.merge(theirs)
+        self.cached_items += other.cached_items
+        self.missed_items += other.missed_items
         self.inference_count += other.inference_count
         self.execution_count += other.execution_count
         self.last_inference_ms = max(self.last_inference_ms, other.last_inference_ms)

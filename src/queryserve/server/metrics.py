@@ -45,14 +45,15 @@ COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
     ("queryserve_executions_total", "Batches run by the model.",
      lambda s: s.execution_count),
     ("queryserve_cache_hits_total", "Items answered from the response cache.",
-     lambda s: s.cache_hit.count),
+     lambda s: s.cached_items),
     ("queryserve_cache_misses_total", "Items looked up in the response cache and not found.",
-     lambda s: s.cache_miss.count),
+     lambda s: s.missed_items),
 )
 HISTOGRAMS: tuple[tuple[str, str, Callable[[ModelStats], Histogram]], ...] = (
     ("queryserve_request_duration_seconds", "End-to-end time of successful requests.",
      lambda s: s.request_latency),
-    ("queryserve_queue_duration_seconds", "Time an item waited in the queue.",
+    ("queryserve_queue_duration_seconds",
+     "Time a request waited in the queue (its longest-waiting item's).",
      lambda s: s.queue_latency),
     ("queryserve_compute_duration_seconds", "Time to run one batch (collate+model+split).",
      lambda s: s.compute_latency),
