@@ -35,6 +35,14 @@ ModelBackendKind = Literal["onnxruntime", "ctranslate2", "noisy_channel", "fake"
 """What a `model.yaml` may name as its `backend:` (`backends.create_backend` builds each)."""
 BackendKind = Literal[ModelBackendKind, "ensemble"]
 """Every backend: a model's runtime, or `ensemble` (the search ensemble runs other models)."""
+RUNS_ON: dict[ModelPipelineKind, tuple[ModelBackendKind, ...]] = {
+    "text_embedding": ("onnxruntime", "fake"),
+    "text_classification": ("onnxruntime", "fake"),
+    "pair_scoring": ("onnxruntime", "fake"),
+    "text2text": ("ctranslate2",),
+    "spelling": ("noisy_channel",),
+}
+"""The backends each pipeline runs on: another pairing loaded, then failed every request."""
 BACKENDS: tuple[ModelBackendKind, ...] = get_args(ModelBackendKind)
 PIPELINES: tuple[ModelPipelineKind, ...] = get_args(ModelPipelineKind)
 MODEL_FILE = "model.yaml"
@@ -186,6 +194,9 @@ def is_model_name(name: str) -> bool:
 
 def load_config(folder: Path) -> ModelConfig:
     """The model or ensemble a repository folder holds."""
+    if (folder / MODEL_FILE).is_file() and (folder / ENSEMBLE_FILE).is_file():
+        raise ConfigError(f"{folder} holds both {MODEL_FILE} and {ENSEMBLE_FILE}: a folder is "
+                          "one model or the search ensemble; move one to a folder of its own")
     if (folder / MODEL_FILE).is_file():
         return load_model_config(folder / MODEL_FILE)
     if (folder / ENSEMBLE_FILE).is_file():
@@ -204,9 +215,25 @@ def load_ensemble_config(path: Path) -> ModelConfig:
     return _Reader(path).ensemble(_read_yaml(path), name=path.parent.name)
 
 
+class _Loader(yaml.SafeLoader):
+    """`yaml.safe_load`, refusing a key repeated in a mapping: it keeps the last one, so
+    `max_batch_size: 8` and, further down, `max_batch_size: 64` served 64 without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key '{key}' is repeated", key_node.start_mark)
+            if isinstance(key, str):
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> object:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # a SafeLoader
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the file ({exc})") from None
     except yaml.YAMLError as exc:
@@ -273,15 +300,25 @@ class _Reader:
             if required not in top:
                 raise ConfigError(f"{self.path}: missing required field '{required}'")
         max_batch_size = self.integer(top["max_batch_size"], "max_batch_size", 1, 65536)
+        backend = self.choice(top["backend"], "backend", BACKENDS)
+        pipeline = self.choice(top.get("pipeline", "text_embedding"), "pipeline", PIPELINES)
+        if backend not in RUNS_ON[pipeline]:
+            raise self.fail("backend", backend, f"{' or '.join(RUNS_ON[pipeline])}: pipeline "
+                                                f"'{pipeline}' runs on no other")
+        # Every pipeline reads text, one text a row: an FP32 input loaded, then refused every
+        # request, BYTES as not FP32 and FP32 as not a string; dims [-1] answered a request of
+        # shape [1, 3] with three rows.
+        inputs = self.tensors(top["input"], "input", ("BYTES",))
+        for i, spec in enumerate(inputs):
+            if spec.dims != (1,):
+                raise self.fail(f"input[{i}].dims", list(spec.dims), "[1] (one text a row)")
         return ModelConfig(
             name=name,
             path=self.path.parent,
-            backend=self.choice(top["backend"], "backend", BACKENDS),
-            pipeline=self.choice(top.get("pipeline", "text_embedding"), "pipeline", PIPELINES),
+            backend=backend,
+            pipeline=pipeline,
             max_batch_size=max_batch_size,
-            # Every pipeline reads text: an FP32 input loaded, then refused every request,
-            # BYTES as not FP32 and FP32 as not a string.
-            inputs=self.tensors(top["input"], "input", ("BYTES",)),
+            inputs=inputs,
             outputs=self.tensors(top["output"], "output"),
             dynamic_batching=self.batching(top.get("dynamic_batching", {}), max_batch_size),
             instance_group=self.instances(top.get("instance_group", {})),
@@ -299,6 +336,9 @@ class _Reader:
             raise ConfigError(f"{self.path}: missing required field 'embed' (the encoder model)")
         steps = {step: self.model_name(fields[step], step)
                  for step in ("spell", "embed", "intent") if fields.get(step) is not None}
+        for step, model in steps.items():
+            if model == name:  # it would run itself (Triton: "circular dependency")
+                raise self.fail(step, model, "another model's name, not this ensemble's")
         min_score = fields.get("min_score", 0.5)
         if isinstance(min_score, bool) or not isinstance(min_score, int | float) \
                 or not 0 <= min_score <= 1:
@@ -325,25 +365,30 @@ class _Reader:
 
     def tensors(self, raw: object, where: str,
                 datatypes: tuple[str, ...] = tuple(NUMPY_DTYPES)) -> tuple[TensorSpec, ...]:
-        specs = []
+        specs: list[TensorSpec] = []
         for i, item in enumerate(self.items(raw, where)):
             at = f"{where}[{i}]"
             fields = self.mapping(item, at, ("name", "datatype", "dims"))
             dims = self.items(fields.get("dims"), f"{at}.dims")
-            specs.append(TensorSpec(
+            spec = TensorSpec(
                 name=self.text(fields.get("name"), f"{at}.name"),
                 datatype=self.choice(fields.get("datatype"), f"{at}.datatype", datatypes),
                 dims=tuple(self.integer(d, f"{at}.dims[{j}]", -1) for j, d in enumerate(dims)),
-            ))
+            )
+            if any(other.name == spec.name for other in specs):
+                raise self.fail(f"{at}.name", spec.name, f"a name no other {where} has")
+            specs.append(spec)
         return tuple(specs)
 
     def batching(self, raw: object, max_batch_size: int) -> DynamicBatching:
         where = "dynamic_batching"
         fields = self.mapping(raw, where, tuple(DynamicBatching.__dataclass_fields__))
         default = DynamicBatching()
+        sizes = fields.get("preferred_batch_size")
         preferred = tuple(
             self.integer(size, f"{where}.preferred_batch_size[{i}]", 1, max_batch_size)
-            for i, size in enumerate(fields.get("preferred_batch_size") or [])
+            for i, size in enumerate(
+                [] if sizes in (None, []) else self.items(sizes, f"{where}.preferred_batch_size"))
         )
         return DynamicBatching(
             preferred_batch_size=tuple(sorted(set(preferred))),

@@ -283,8 +283,28 @@ def test_an_ensemble_whose_steps_do_not_fit_says_so_at_load(tmp_path: Path) -> N
                            "does not have"
         search = httpx.post(f"{server.url}/v1/search", json={"query": "jazz"})
         assert search.status_code == 503 and "'speling'" in search.json()["error"]
+        # An ensemble naming itself is refused (Triton: "circular dependency"); two naming
+        # each other are each a misfit. Readiness asked each the other's readiness, and on:
+        # readiness and the index were 500s for the whole server, a 140 KB traceback each.
+        steps.write_text("embed: search\nindex: index\n")
+        load = httpx.post(f"{server.url}/v2/repository/models/search/load")
+        assert load.status_code == 400, load.text
+        assert "field 'embed' is 'search'; expected another model's name" in load.json()["error"]
+        (tmp_path / "loop").mkdir()
+        (tmp_path / "loop" / "index").symlink_to(REPOSITORY / "search" / "index")
+        (tmp_path / "loop" / "pipeline.yaml").write_text("embed: search\nindex: index\n")
+        steps.write_text("embed: loop\nindex: index\n")
+        for name in ("loop", "search"):
+            assert httpx.post(f"{server.url}/v2/repository/models/{name}/load").status_code \
+                == 200
+        assert "model 'loop' is a search model" in reason()
+        assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200  # not strict
+        assert httpx.get(f"{server.url}/v2/models/search/ready").status_code == 400  # Triton
+        assert httpx.post(f"{server.url}/v2/models/fast/infer",
+                          json=infer_body("x")).status_code == 200
     finally:
         stop_server(server)
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
     # At start the log says which models are not ready and why.
     assert "is not ready (model 'fast' is a text_embedding model" in " ".join(
         (tmp_path / "server.log").read_text().split())
@@ -322,7 +342,15 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
     for name, source, before, after in (
             ("renamed", embed, "- name: embedding", "- name: vector"),
             ("floats", embed, "datatype: BYTES", "datatype: FP32"),
-            ("unlabelled", intent, "labels: 'datetime_query,", "labels: '")):
+            ("unlabelled", intent, "labels: 'datetime_query,", "labels: '"),
+            # Served the graph's bytes as the declared type (FP32 read as INT32), served
+            # [7, 384] as [384], failed every request (KeyError: 'input_ids'), served the
+            # last of two max_batch_size, answered [1, 3] with three rows.
+            ("ints", embed, "datatype: FP32", "datatype: INT32"),
+            ("ranks", embed, "dims: [384]", "dims: [7, 384]"),
+            ("generator", embed, "pipeline: text_embedding", "pipeline: text2text"),
+            ("twice", embed, "max_batch_size: ", "max_batch_size: 8\nmax_batch_size: "),
+            ("columns", embed, "dims: [1]", "dims: [-1]")):
         (tmp_path / name).mkdir()
         for file in ("model.onnx", "tokenizer.json"):
             (tmp_path / name / file).symlink_to(source.parent / file)
@@ -338,8 +366,17 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
             index["floats"]["reason"]
         assert "parameters.labels names 59 labels, and the model gives 60 values an item" in \
             index["unlabelled"]["reason"]
-        assert "output 'probabilities' has dims [61], but model.onnx gives 60" in \
+        assert "output 'probabilities' has dims [61], but model.onnx gives [60] an item" in \
             index["wide"]["reason"]
+        assert "output 'embedding' is declared INT32, but model.onnx gives FP32" in \
+            index["ints"]["reason"]
+        assert "output 'embedding' has dims [7, 384], but model.onnx gives 1 dimension(s)" in \
+            index["ranks"]["reason"]
+        assert "field 'backend' is 'onnxruntime'; expected ctranslate2: pipeline 'text2text' " \
+            "runs on no other" in index["generator"]["reason"]
+        assert "the key 'max_batch_size' is repeated" in index["twice"]["reason"]
+        assert "field 'input[0].dims' is [-1]; expected [1] (one text a row)" in \
+            index["columns"]["reason"]
         assert "max_sequence_length is 100000, and the model fails on an input of that many " \
             "tokens" in index["long"]["reason"]
         # A model that fails its warmup takes its instances' threads with it (each failed

@@ -88,3 +88,50 @@ def test_a_cuda_session_that_cannot_start_cuda_is_made_again_for_the_cpu(
     assert "model 'embed': this onnxruntime build has CUDA but could not start it" in caplog.text
     ops = {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
     assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops
+
+
+def _graph(path: Path, inputs: dict[str, int], output_shape: list[int | str]) -> None:
+    """A tiny ONNX graph: its inputs (name: element type) in, one float output `embedding` of
+    `output_shape` out (the ids' sum, broadcast)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    first = next(iter(inputs))
+    nodes = [helper.make_node("Cast", [first], ["as_float"], to=TensorProto.FLOAT),
+             helper.make_node("Expand", ["as_float", "shape"], ["embedding"])]
+    shape = helper.make_tensor("shape", TensorProto.INT64, [len(output_shape)],
+                               [1] * len(output_shape))
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info(name, kind, ["batch", "tokens"])
+         for name, kind in inputs.items()],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, output_shape)],
+        [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize(("inputs", "output_shape", "said"), [
+    ({"ids": 7}, ["batch", 8], "model.onnx takes input 'ids' (tensor(int64)); queryserve feeds"),
+    ({"input_ids": 6}, ["batch", 8], "takes input 'input_ids' (tensor(int32))"),
+    ({"input_ids": 7, "position_ids": 7}, ["batch", 8], "takes input 'position_ids'"),
+    ({"input_ids": 7}, ["batch", "tokens", 8],
+     "output 'embedding' has dims [8], but model.onnx gives 2 dimension(s) an item "
+     "(['tokens', 8]); a text encoder exported without its pooling"),
+])
+def test_a_graph_the_pipeline_cannot_feed_or_read_is_refused_at_load(
+        tmp_path: Path, inputs: dict[str, int], output_shape: list[int | str],
+        said: str) -> None:
+    """A user's own export: inputs named otherwise, int32 ids or an extra input failed the
+    first batch and were refused as a `max_sequence_length` too long; an export without its
+    pooling loaded and served each text padded to its batch-mates' length."""
+    from queryserve.backends.onnxruntime import OnnxRuntimeBackend
+    from queryserve.config import load_model_config
+    from queryserve.errors import ConfigError
+
+    _graph(tmp_path / "model.onnx", inputs, output_shape)
+    (tmp_path / "model.yaml").write_text(
+        "backend: onnxruntime\nmax_batch_size: 8\n"
+        "input: [{name: text, datatype: BYTES, dims: [1]}]\n"
+        "output: [{name: embedding, datatype: FP32, dims: [8]}]\n")
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        OnnxRuntimeBackend(load_model_config(tmp_path / "model.yaml"), 1)

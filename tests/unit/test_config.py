@@ -63,13 +63,38 @@ def test_default_repository_config_is_valid() -> None:
     ("backend: tensorflow",
      "field 'backend' is 'tensorflow'; expected one of onnxruntime, ctranslate2, "
      "noisy_channel, fake"),
+    ("dynamic_batching: {preferred_batch_size: 4}",
+     "field 'dynamic_batching.preferred_batch_size' is 4; expected a non-empty list"),
+    ("output: [{name: e, datatype: FP32, dims: [4]}, {name: e, datatype: FP32, dims: [4]}]",
+     "field 'output[1].name' is 'e'; expected a name no other output has"),
+    ("pipeline: spelling", "field 'backend' is 'onnxruntime'; expected noisy_channel: pipeline "
+                           "'spelling' runs on no other"),
 ])
 def test_bad_fields_name_the_file_field_value_and_what_is_allowed(
         tmp_path: Path, change: str, message: str) -> None:
-    path = write(tmp_path, VALID + change + "\n")
+    key = change.split(":", 1)[0]
+    lines = VALID.splitlines()
+    kept = []  # VALID less the changed field's block: a repeated key is an error of its own
+    for line in lines:
+        if line.startswith(f"{key}:") or (line.startswith(" ") and kept and kept[-1] is None):
+            kept.append(None)
+        else:
+            kept.append(line)
+    path = write(tmp_path, "\n".join(line for line in kept if line is not None) + "\n"
+                 + change + "\n")
     with pytest.raises(ConfigError) as error:
         load_model_config(path)
     assert str(path) in error.value.message and message in error.value.message
+
+
+def test_a_repeated_key_is_refused_where_yaml_keeps_the_last(tmp_path: Path) -> None:
+    """`max_batch_size: 8` and, further down, `max_batch_size: 64` served 64 without a word."""
+    path = write(tmp_path, VALID + "max_batch_size: 64\n")
+    with pytest.raises(ConfigError, match="the key 'max_batch_size' is repeated"):
+        load_model_config(path)
+    steps = write(tmp_path, "embed: embed\nk: 1\nk: 50\n", "search/pipeline.yaml")
+    with pytest.raises(ConfigError, match="the key 'k' is repeated"):
+        load_ensemble_config(steps)
 
 
 def test_missing_required_field(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ class OnnxRuntimeBackend:
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.providers = tuple(self.session.get_providers())
-        _check_output_widths(config, path, self.session)
+        _check_inputs(config, path, self.session)
+        _check_outputs(config, path, self.session)
 
     def run(self, inputs: dict[str, Array]) -> dict[str, Array]:
         feeds = {name: inputs[name] for name in self.input_names}
@@ -51,17 +52,55 @@ class OnnxRuntimeBackend:
         return dict(zip(self.output_names, values, strict=True))
 
 
-def _check_output_widths(config: ModelConfig, path: Path,
-                         session: ort.InferenceSession) -> None:
-    """A declared output's width against the graph's: a classifier declared with 61 classes
-    for a graph of 60 loaded, and every label was then another's (`label_48`...)."""
-    declared = {spec.name: spec.dims for spec in config.outputs}
+FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+"""What the text pipelines feed a graph: the tokenizer's ids, as int64."""
+ONNX_DATATYPES = {"tensor(float)": "FP32", "tensor(float16)": "FP16", "tensor(double)": "FP64",
+                  "tensor(int8)": "INT8", "tensor(int16)": "INT16", "tensor(int32)": "INT32",
+                  "tensor(int64)": "INT64", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
+                  "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(bool)": "BOOL",
+                  "tensor(string)": "BYTES"}
+
+
+def _check_inputs(config: ModelConfig, path: Path, session: ort.InferenceSession) -> None:
+    """The graph takes what the pipelines feed: an export with inputs named otherwise (`ids`),
+    int32 ids or an extra `position_ids` failed its first batch, and was refused as if its
+    `max_sequence_length` were too long."""
+    for graph_input in session.get_inputs():
+        if graph_input.name not in FED_INPUTS or graph_input.type != "tensor(int64)":
+            raise ConfigError(
+                f"{config.path / 'model.yaml'}: {path.name} takes input '{graph_input.name}' "
+                f"({graph_input.type}); queryserve feeds a graph {', '.join(FED_INPUTS[:-1])} "
+                f"and (where it takes it) {FED_INPUTS[-1]}, each tensor(int64): export it "
+                "with those inputs")
+
+
+def _check_outputs(config: ModelConfig, path: Path, session: ort.InferenceSession) -> None:
+    """A declared output against the graph's output of that name, as Triton checks them: its
+    datatype (the graph's bytes were served under the declared one, FP32 read as INT32) and
+    its dims, the batch's first (a classifier declared with 61 classes for a graph of 60
+    loaded, and every label was another's; an export without pooling, [batch, tokens, 384],
+    served each text padded to its batch-mates' length)."""
+    declared = {spec.name: spec for spec in config.outputs}
+    where = config.path / "model.yaml"
     for output in session.get_outputs():
-        dims = declared.get(output.name)
-        width = output.shape[-1] if output.shape else None
-        if dims and isinstance(width, int) and dims[-1] not in (-1, width):
-            raise ConfigError(f"{config.path / 'model.yaml'}: output '{output.name}' has dims "
-                              f"{list(dims)}, but {path.name} gives {width} values an item")
+        spec = declared.get(output.name)
+        if spec is None:
+            continue  # read by the pipeline (logits), not served as it is
+        datatype = ONNX_DATATYPES.get(output.type, output.type)
+        if datatype != spec.datatype:
+            raise ConfigError(f"{where}: output '{output.name}' is declared {spec.datatype}, "
+                              f"but {path.name} gives {datatype}")
+        shape = list(output.shape or [])[1:]  # the graph's, less the batch dimension
+        if output.shape is not None and len(shape) != len(spec.dims):
+            raise ConfigError(
+                f"{where}: output '{output.name}' has dims {list(spec.dims)}, but {path.name} "
+                f"gives {len(shape)} dimension(s) an item ({shape}); a text encoder exported "
+                "without its pooling gives one vector a token: export it with the pooling")
+        for declared_dim, graph_dim in zip(spec.dims, shape, strict=False):
+            if isinstance(graph_dim, int) and declared_dim not in (-1, graph_dim):
+                raise ConfigError(
+                    f"{where}: output '{output.name}' has dims {list(spec.dims)}, but "
+                    f"{path.name} gives {shape} an item ({graph_dim} values, not {declared_dim})")
 
 
 def _cpu_session(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
