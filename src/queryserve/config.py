@@ -43,6 +43,10 @@ RUNS_ON: dict[ModelPipelineKind, tuple[ModelBackendKind, ...]] = {
     "spelling": ("noisy_channel",),
 }
 """The backends each pipeline runs on: another pairing loaded, then failed every request."""
+MORE_OUTPUTS: dict[ModelPipelineKind, tuple[str, ...]] = {"text2text": ("score",),
+                                                         "spelling": ("score",)}
+"""The outputs a pipeline gives beside its first (named as the model's folder likes): any
+other declared loaded, and a request that asked for it was a 500."""
 BACKENDS: tuple[ModelBackendKind, ...] = get_args(ModelBackendKind)
 PIPELINES: tuple[ModelPipelineKind, ...] = get_args(ModelPipelineKind)
 MODEL_FILE = "model.yaml"
@@ -201,6 +205,12 @@ def load_config(folder: Path) -> ModelConfig:
         return load_model_config(folder / MODEL_FILE)
     if (folder / ENSEMBLE_FILE).is_file():
         return load_ensemble_config(folder / ENSEMBLE_FILE)
+    found = [near.name for near in sorted(folder.iterdir()) if near.name in LOOKALIKES] \
+        if folder.is_dir() else []
+    if found:  # a Triton repository, or another spelling: meant to be a model
+        raise ConfigError(f"{folder} holds {', '.join(found)}, which queryserve does not read: "
+                          f"a model's folder holds a {MODEL_FILE} (README, \"The model "
+                          "repository\")")
     raise ConfigError(f"{folder} holds neither {MODEL_FILE} nor {ENSEMBLE_FILE}")
 
 
@@ -319,7 +329,7 @@ class _Reader:
             pipeline=pipeline,
             max_batch_size=max_batch_size,
             inputs=inputs,
-            outputs=self.tensors(top["output"], "output"),
+            outputs=self.outputs(top["output"], pipeline),
             dynamic_batching=self.batching(top.get("dynamic_batching", {}), max_batch_size),
             instance_group=self.instances(top.get("instance_group", {})),
             response_cache=self.cache(top.get("response_cache", {})),
@@ -379,6 +389,16 @@ class _Reader:
                 raise self.fail(f"{at}.name", spec.name, f"a name no other {where} has")
             specs.append(spec)
         return tuple(specs)
+
+    def outputs(self, raw: object, pipeline: ModelPipelineKind) -> tuple[TensorSpec, ...]:
+        specs = self.tensors(raw, "output")
+        more = MORE_OUTPUTS.get(pipeline, ())
+        for i, spec in enumerate(specs[1:], 1):
+            if spec.name not in more:
+                allowed = (f"one of {', '.join(more)}" if more else
+                           f"nothing: pipeline '{pipeline}' gives one output")
+                raise self.fail(f"output[{i}].name", spec.name, allowed)
+        return specs
 
     def batching(self, raw: object, max_batch_size: int) -> DynamicBatching:
         where = "dynamic_batching"

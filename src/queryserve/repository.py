@@ -92,12 +92,14 @@ class ModelRepository:
         repr=False)
 
     def names(self) -> list[str]:
-        """Models present in the repository folder, loaded or not."""
+        """Models present in the repository folder, loaded or not: a folder with a model.yaml
+        or a pipeline.yaml, or with a file meant as one (`LOOKALIKES`: Triton's config.pbtxt,
+        model.yml), which fails to load and says why. Left out, a Triton repository served
+        nothing and answered ready."""
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a folder")
         return sorted(p.name for p in self.root.iterdir()
-                      if is_model_name(p.name)
-                      and ((p / MODEL_FILE).is_file() or (p / ENSEMBLE_FILE).is_file()))
+                      if is_model_name(p.name) and _holds_a_model(p))
 
     def survey(self) -> list[str]:
         """`names`, once what a mistaken repository shows is said, before the server listens:
@@ -119,9 +121,6 @@ class ModelRepository:
                        "starting with a letter or digit)")
             else:
                 why = f"it has no {MODEL_FILE} (or {ENSEMBLE_FILE}, for an ensemble)"
-                if found := [near.name for near in sorted(path.iterdir())
-                             if near.name in LOOKALIKES]:
-                    why += f"; it has {', '.join(found)}, which queryserve does not read"
             log.warning("model repository %s: %s/ is not served: %s", root, path.name, why)
         if not names:
             log.warning("model repository %s holds no model (a folder with a %s or %s): "
@@ -137,8 +136,7 @@ class ModelRepository:
         return self.root / name
 
     def exists(self, name: str) -> bool:
-        folder = self.folder(name)
-        return (folder / MODEL_FILE).is_file() or (folder / ENSEMBLE_FILE).is_file()
+        return _holds_a_model(self.folder(name))
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -319,3 +317,8 @@ RELEASE_DELAY_S = 1.0
 def _collect() -> None:
     gc.collect()
     heap.trim()
+
+
+def _holds_a_model(folder: Path) -> bool:
+    """A model's folder, or one meant as one (`ModelRepository.names`)."""
+    return any((folder / file).is_file() for file in (MODEL_FILE, ENSEMBLE_FILE, *LOOKALIKES))

@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import ROOT, free_port, start_server, stop_server, write_fake_model
+from tests.e2e.test_lifecycle import infer_body, serving_unready
 
 
 def queryserve(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -68,6 +70,9 @@ def test_serve_refuses_what_it_could_only_fail_at_later(tmp_path: Path) -> None:
             "--workers 3 on 2 core(s): each worker runs at least one model instance thread")
     refused(queryserve(*serve, "--served-model-name", "x=nope"), 1,
             "--served-model-name x=nope:", "has no model 'nope' (it has: fast)")
+    write_fake_model(tmp_path, "slow")  # an alias that is a model's name hid that model
+    refused(queryserve(*serve, "--served-model-name", "slow=fast"), 1,
+            "--served-model-name slow=fast: 'slow' is a model of", "name the alias otherwise")
     refused(queryserve(*serve, "--otlp-endpoint", "notaurl"), 2, "is not an OTLP/HTTP URL")
     refused(queryserve(*serve, "--cors-allow-origin", "not an origin"), 2, "is not an origin")
     refused(queryserve(*serve, "--cors-allow-origin", "https://app.example/"), 2,
@@ -113,13 +118,34 @@ def test_folders_a_repository_does_not_serve_are_named_in_the_log(tmp_path: Path
     """Each of these served nothing and answered ready, with not a word in the log."""
     repository = tmp_path / "repository"
     (repository / "My Model").mkdir(parents=True)
-    (repository / "embed").mkdir()
-    (repository / "embed" / "model.yml").write_text("backend: fake\n")
+    (repository / "notes").mkdir()
     log = tmp_path / "server.log"
     server = start_server(repository, log)
     stop_server(server)
     said = " ".join(log.read_text().split())
     assert "My Model/ is not served: its name is not a model name" in said
-    assert "embed/ is not served: it has no model.yaml (or pipeline.yaml, for an ensemble); " \
-           "it has model.yml, which queryserve does not read" in said
+    assert "notes/ is not served: it has no model.yaml (or pipeline.yaml, for an ensemble)" \
+        in said
     assert f"model repository {repository} holds no model" in said
+
+
+def test_a_folder_meant_as_a_model_fails_to_load_and_says_why(tmp_path: Path) -> None:
+    """A Triton repository (config.pbtxt, 1/model.onnx) or a model.yml served nothing, and
+    the server answered ready: a rollout sent it traffic. Now each is a model that failed to
+    load, with its reason in the index, and strict readiness is 503."""
+    repository = tmp_path / "repository"
+    write_fake_model(repository, "fast")
+    (repository / "triton" / "1").mkdir(parents=True)
+    (repository / "triton" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    (repository / "triton" / "1" / "model.onnx").write_bytes(b"")
+    (repository / "typo").mkdir()
+    (repository / "typo" / "model.yml").write_text("backend: fake\n")
+    with serving_unready(repository) as (url, _, _):
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 503
+        index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
+        assert index["triton"]["state"] == "UNAVAILABLE"
+        assert "holds config.pbtxt, which queryserve does not read: a model's folder holds a " \
+               "model.yaml" in index["triton"]["reason"]
+        assert "holds model.yml, which queryserve does not read" in index["typo"]["reason"]
+        assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code \
+            == 200

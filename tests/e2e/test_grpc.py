@@ -162,7 +162,10 @@ def test_the_repository_routes_mean_the_same_over_http(served: Served) -> None:
             http.unload_model("embed", unload_dependents=True)
         for path, body in (("/v2/repository/models/reloadable/load", b"{"),
                            ("/v2/repository/index", b'{"ready": "yes"}'),
-                           ("/v2/repository/models/reloadable/load", b'{"parameters": 3}')):
+                           ("/v2/repository/models/reloadable/load", b'{"parameters": 3}'),
+                           # misspelt, so the override in it was ignored: 200
+                           ("/v2/repository/models/reloadable/load",
+                            b'{"paramters": {"config": "{}"}}')):
             refused = httpx.post(f"{served.http.url}{path}", content=body)
             assert refused.status_code == 400, (path, body, refused.text)
         assert not http.is_model_ready("reloadable")  # nothing refused was done

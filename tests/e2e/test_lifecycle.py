@@ -356,9 +356,17 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
             (tmp_path / name / file).symlink_to(source.parent / file)
         assert before in source.read_text()
         (tmp_path / name / "model.yaml").write_text(source.read_text().replace(before, after))
+    # Triton's layout: the graph in a version folder, which queryserve does not read (the
+    # error said to run `queryserve prepare`, which knows nothing of the user's model).
+    (tmp_path / "versions" / "1").mkdir(parents=True)
+    (tmp_path / "versions" / "1" / "model.onnx").symlink_to(embed.parent / "model.onnx")
+    (tmp_path / "versions" / "tokenizer.json").symlink_to(embed.parent / "tokenizer.json")
+    (tmp_path / "versions" / "model.yaml").write_text(embed.read_text())
     with serving_unready(tmp_path) as (url, _, pid):
         assert httpx.post(f"{url}/v2/models/fast/infer", json=infer_body("x")).status_code == 200
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
+        assert "reads no version folders: move 1/model.onnx beside model.yaml, or set " \
+               "parameters.model_file: 1/model.onnx" in index["versions"]["reason"]
         assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
         assert "output[0].name is 'vector', which the model does not give; its outputs are " \
                "embedding" in index["renamed"]["reason"]

@@ -67,6 +67,9 @@ def test_default_repository_config_is_valid() -> None:
      "field 'dynamic_batching.preferred_batch_size' is 4; expected a non-empty list"),
     ("output: [{name: e, datatype: FP32, dims: [4]}, {name: e, datatype: FP32, dims: [4]}]",
      "field 'output[1].name' is 'e'; expected a name no other output has"),
+    ("output: [{name: e, datatype: FP32, dims: [4]}, {name: f, datatype: FP32, dims: [4]}]",
+     "field 'output[1].name' is 'f'; expected nothing: pipeline 'text_embedding' gives one "
+     "output"),
     ("pipeline: spelling", "field 'backend' is 'onnxruntime'; expected noisy_channel: pipeline "
                            "'spelling' runs on no other"),
 ])
@@ -95,6 +98,14 @@ def test_a_repeated_key_is_refused_where_yaml_keeps_the_last(tmp_path: Path) -> 
     steps = write(tmp_path, "embed: embed\nk: 1\nk: 50\n", "search/pipeline.yaml")
     with pytest.raises(ConfigError, match="the key 'k' is repeated"):
         load_ensemble_config(steps)
+
+
+def test_a_folder_with_a_model_and_an_ensemble_is_refused(tmp_path: Path) -> None:
+    """It served model.yaml, and pipeline.yaml was left unread without a word."""
+    write(tmp_path, VALID)
+    write(tmp_path, "embed: embed\n", "embed/pipeline.yaml")
+    with pytest.raises(ConfigError, match=r"holds both model\.yaml and pipeline\.yaml"):
+        load_config(tmp_path / "embed")
 
 
 def test_missing_required_field(tmp_path: Path) -> None:

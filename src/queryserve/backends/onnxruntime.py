@@ -26,8 +26,7 @@ class OnnxRuntimeBackend:
     def __init__(self, config: ModelConfig, threads: int) -> None:
         path = config.path / config.parameter("model_file", "model.onnx")
         if not path.is_file():
-            raise ConfigError(f"{config.path / 'model.yaml'}: model file {path} does not exist; "
-                              "run `queryserve prepare` to build the default models")
+            raise ConfigError(f"{config.path / 'model.yaml'}: {_missing(path)}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -50,6 +49,20 @@ class OnnxRuntimeBackend:
         feeds = {name: inputs[name] for name in self.input_names}
         values = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values, strict=True))
+
+
+def _missing(path: Path) -> str:
+    """Why the model file is not there, and what to do."""
+    if path.is_dir():
+        return f"parameters.model_file {path} is a folder; name the .onnx file in it"
+    versions = sorted(v.relative_to(path.parent) for v in path.parent.glob(f"*/{path.name}")
+                      if v.parent.name.isdigit())
+    if versions:  # a Triton layout: 1/model.onnx
+        return (f"model file {path} does not exist; queryserve serves one version from the "
+                f"model's folder and reads no version folders: move {versions[-1]} beside "
+                f"model.yaml, or set parameters.model_file: {versions[-1]}")
+    return (f"model file {path} does not exist (`queryserve prepare` builds the default "
+            "models' files)")
 
 
 FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

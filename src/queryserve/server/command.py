@@ -150,6 +150,9 @@ def _check_aliases(args: argparse.Namespace) -> None:
         if model not in names:
             raise ServeError(f"--served-model-name {alias}={model}: {args.repository} has no "
                              f"model '{model}' (it has: {', '.join(names) or 'none'})")
+        if alias in names and alias != model:  # it would hide that model on every route
+            raise ServeError(f"--served-model-name {alias}={model}: '{alias}' is a model of "
+                             f"{args.repository}; name the alias otherwise")
 
 
 def _add_access_flags(serve: argparse.ArgumentParser) -> None:

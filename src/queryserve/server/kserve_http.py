@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from queryserve.errors import InvalidInput, NotFound
+from queryserve.repository import shown
 from queryserve.server import kserve, kserve_json
 from queryserve.server.http import Request, Response
 from queryserve.server.kserve_service import KServeService
@@ -103,7 +104,11 @@ def _optional_body(request: Request, example: str) -> dict[str, Any]:
 
 
 def _parameters(request: Request) -> dict[str, Any]:
-    parameters = _optional_body(request, '{"parameters": {}}').get("parameters", {})
+    body = _optional_body(request, '{"parameters": {}}')
+    if unknown := sorted(set(body) - {"parameters"}):  # a misspelt "paramters": ignored, 200
+        raise InvalidInput(f"unknown field '{shown(unknown[0])}' in the request; the body is "
+                           '{"parameters": {...}}')
+    parameters = body.get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidInput(f"'parameters' must be an object, got {parameters!r}"[:200])
     return parameters
