@@ -128,7 +128,7 @@ def test_requests_move_the_model_counters_and_tokenize_time(server: RunningServe
     assert moved("queryserve_requests_total", model="fake", outcome="success") == 3
     assert moved("queryserve_inferences_total", model="fake") == 41
     assert moved("queryserve_executions_total", model="fake") >= 1 + 40 / 8
-    assert moved("queryserve_cache_hits_total", model="fake") == 1
+    assert moved("queryserve_cache_hits_total", model="fake") == 1  # texts, not requests
     assert moved("queryserve_cache_misses_total", model="fake") == 41
     assert moved("queryserve_request_duration_seconds_count", model="fake") == 3
     assert moved("queryserve_batch_size_sum", model="fake") == 41
@@ -137,6 +137,43 @@ def test_requests_move_the_model_counters_and_tokenize_time(server: RunningServe
     assert value(after, "queryserve_queue_depth", model="fake") == 0
     assert value(after, "queryserve_model_ready", model="fake") == 1
     assert value(after, "queryserve_http_requests_in_flight") >= 1  # the scrape itself
+
+
+def test_triton_s_families_say_what_the_statistics_say(server: RunningServer) -> None:
+    """A dashboard, alert or autoscaler written for Triton reads `nv_inference_*` and
+    `nv_cache_*` by model and version: the same figures as the statistics extension, in
+    both formats (Prometheus 3 asks for OpenMetrics)."""
+    infer(server, ["triton one"])
+    infer(server, ["triton two", "triton three", "triton four"])
+    infer(server, ["triton one"])  # the response cache answers it wholly
+    assert httpx.post(f"{server.url}/v2/models/fake/infer", headers=AUTH,
+                      json={"inputs": []}).status_code == 400
+    samples = scrape(server)
+    stats = httpx.get(f"{server.url}/v2/models/fake/stats", headers=AUTH).json()[
+        "model_stats"][0]
+    inference = stats["inference_stats"]
+
+    def nv(name: str, **labels: str) -> float:
+        return value(samples, name, model="fake", version="1", **labels)
+
+    assert nv("nv_inference_request_success") == inference["success"]["count"] >= 3
+    assert nv("nv_inference_count") == stats["inference_count"]
+    assert nv("nv_inference_exec_count") == stats["execution_count"]
+    for name in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert nv(f"nv_inference_{name}_duration_us") == inference[name]["ns"] // 1000, name
+    assert nv("nv_inference_request_duration_us") == inference["success"]["ns"] // 1000 > 0
+    assert nv("nv_cache_num_hits_per_model") == inference["cache_hit"]["count"] >= 1
+    assert nv("nv_cache_num_misses_per_model") == inference["cache_miss"]["count"] >= 2
+    assert nv("nv_inference_pending_request_count") == 0
+    failures = sum(nv("nv_inference_request_failure", reason=reason)
+                   for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"))
+    assert failures == inference["fail"]["count"] >= 1
+    openmetrics = httpx.get(f"{server.url}/metrics", headers={
+        **AUTH, "accept": "application/openmetrics-text;version=1.0.0"}).text
+    families = {f.name: f for f in openmetrics_families(openmetrics)}
+    assert families["nv_inference_request_success"].type == "unknown"
+    assert {s.name for s in families["nv_inference_request_success"].samples} == {
+        "nv_inference_request_success"}  # Triton's name: no _total
 
 
 def test_every_bad_request_to_a_model_is_counted_invalid(server: RunningServer) -> None:

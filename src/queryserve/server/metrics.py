@@ -16,6 +16,7 @@ file descriptors) and `python_*` (the interpreter, the cyclic collector's passes
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from functools import cache
 from itertools import accumulate
@@ -29,6 +30,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from queryserve.repository import VERSION
 from queryserve.scheduling.stats import Histogram, ModelStats
 from queryserve.server.http import Request, Response
 from queryserve.server.routing import Router
@@ -88,6 +90,7 @@ class ServerCollector:
         yield from self._access()
         yield from self._workers()
         yield from self._models()
+        yield from self._triton()
         yield from self.snapshot.process
 
     def _transport(self) -> Iterator[Metric]:
@@ -186,6 +189,75 @@ class ServerCollector:
                 histogram = pick(figures.stats)
                 family.add_metric([name], buckets(histogram), sum_value=histogram.total)
             yield family
+
+
+    def _triton(self) -> Iterator[Metric]:
+        """Triton's per-model families, by Triton's names and labels (`model`, `version`), so
+        that a dashboard, an alert or an autoscaler written for Triton reads this server as it
+        is. They are the statistics' figures (`ModelStats`, counted as Triton counts them).
+        Untyped: Triton's counters have no `_total`, which the library would add to a
+        counter's family."""
+        models = sorted(self.snapshot.models.items())
+        for name, help_text, value in TRITON_FAMILIES:
+            family = Metric(name, help_text, "unknown")
+            for model, figures in models:
+                family.add_sample(name, {"model": model, "version": VERSION},
+                                  value(figures.stats, figures.queue_depth))
+            yield family
+        failures = Metric("nv_inference_request_failure",
+                          "Number of failed inference requests, by reason", "unknown")
+        for model, figures in models:
+            by_reason: Counter[str] = Counter()
+            for outcome, count in figures.stats.outcomes.items():
+                if outcome != "success":
+                    by_reason[TRITON_FAILURE_REASONS.get(outcome, "OTHER")] += count
+            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+                failures.add_sample("nv_inference_request_failure",
+                                    {"model": model, "version": VERSION, "reason": reason},
+                                    by_reason[reason])
+        yield failures
+
+
+TRITON_FAMILIES: tuple[tuple[str, str, Callable[[ModelStats, int], float]], ...] = (
+    ("nv_inference_request_success", "Number of successful inference requests",
+     lambda s, _: s.success.count),
+    ("nv_inference_count", "Number of inferences performed (a batch of n counts n)",
+     lambda s, _: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions (batches)",
+     lambda s, _: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative end-to-end handling time of successful requests, in microseconds",
+     lambda s, _: s.success.ns // 1000),
+    ("nv_inference_queue_duration_us",
+     "Cumulative time requests waited in the queue, in microseconds",
+     lambda s, _: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative time requests spent collating inputs, in microseconds",
+     lambda s, _: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative time requests spent running the model, in microseconds",
+     lambda s, _: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative time requests spent splitting outputs, in microseconds",
+     lambda s, _: s.compute_output.ns // 1000),
+    ("nv_inference_pending_request_count",
+     "Items waiting in the model's queue now (Triton counts requests; a request of n texts "
+     "queues n items here)", lambda _, depth: depth),
+    ("nv_cache_num_hits_per_model", "Requests the response cache answered wholly",
+     lambda s, _: s.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "Requests the response cache did not answer wholly",
+     lambda s, _: s.cache_miss.count),
+    ("nv_cache_hit_duration_per_model",
+     "Cumulative time looking up the cache on hits, in microseconds",
+     lambda s, _: s.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model",
+     "Cumulative time looking up the cache on misses, in microseconds",
+     lambda s, _: s.cache_miss.ns // 1000),
+)
+"""Triton's per-model families (its docs' user_guide/metrics.md), from a model's statistics
+and its queue depth."""
+TRITON_FAILURE_REASONS = {"rejected": "REJECTED", "cancelled": "CANCELED", "failed": "BACKEND"}
+"""Triton's `reason` label of a failure, by this server's outcome; any other is OTHER."""
 
 
 def buckets(histogram: Histogram) -> list[tuple[str, float]]:
