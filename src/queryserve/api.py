@@ -11,6 +11,7 @@ A leaf module: the backends, the pipelines, the front ends and the tools all imp
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,10 +178,19 @@ def _visible(text: str) -> bool:
     return any(unicodedata.category(c)[0] not in "CZ" for c in text)
 
 
+def as_json(value: object, limit: int = 80) -> str:
+    """A client's value as they wrote it, in JSON (`null`, `true`, `"3"`), cut at `limit`
+    characters: an error quoting it in Python (`None`, `True`, `'3'`) spoke another language
+    than the request's."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def integer_parameter(inputs: Inputs, name: str, default: int, low: int, high: int) -> int:
     value = inputs.parameters.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInput(f"'{name}' must be an integer from {low} to {high}, got {value!r}")
+        raise InvalidInput(f"'{name}' must be an integer from {low} to {high}, got "
+                           f"{as_json(value)}")
     return value
 
 
@@ -189,12 +199,13 @@ def number_parameter(inputs: Inputs, name: str, default: float, low: float,
     value = inputs.parameters.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float) \
             or not low <= value <= high:
-        raise InvalidInput(f"'{name}' must be a number from {low:g} to {high:g}, got {value!r}")
+        raise InvalidInput(f"'{name}' must be a number from {low:g} to {high:g}, got "
+                           f"{as_json(value)}")
     return float(value)
 
 
 def flag_parameter(inputs: Inputs, name: str, default: bool) -> bool:
     value = inputs.parameters.get(name, default)
     if not isinstance(value, bool):
-        raise InvalidInput(f"'{name}' must be true or false, got {value!r}")
+        raise InvalidInput(f"'{name}' must be true or false, got {as_json(value)}")
     return value

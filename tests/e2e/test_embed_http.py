@@ -124,9 +124,15 @@ BAD_REQUESTS = [
     # Each of these was answered 200, the part in question ignored or misread.
     ("binary_data as a string", {"json": {**json_infer(["a"]), "outputs": [
         {"name": "embedding", "parameters": {"binary_data": "false"}}]}}, 400,
-     "'binary_data' must be true or false, got 'false'"),
+     "'binary_data' must be true or false, got \"false\""),
     ("binary_data_output as a string", {"json": {**json_infer(["a"]), "parameters": {
         "binary_data_output": "false"}}}, 400, "'binary_data_output' must be true or false"),
+    # The value quoted in JSON, as the client wrote it (it said None, True: Python's words).
+    ("timeout true", {"json": {**json_infer(["a"]), "parameters": {"timeout": True}}}, 400,
+     "parameter 'timeout' is true; expected microseconds"),
+    ("binary_data null", {"json": {**json_infer(["a"]), "outputs": [
+        {"name": "embedding", "parameters": {"binary_data": None}}]}}, 400,
+     "'binary_data' must be true or false, got null"),
     ("an output asked for twice", {"json": {**json_infer(["a"]), "outputs": [
         {"name": "embedding"}, {"name": "embedding"}]}}, 400,
      "output 'embedding' is asked for twice"),

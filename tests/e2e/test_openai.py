@@ -143,7 +143,7 @@ def test_bad_input_is_a_400_naming_the_item(real_server: RunningServer, body_inp
 @pytest.mark.parametrize(("extra", "param", "words"), [
     ({"encoding_format": "int8"}, "encoding_format", "use 'float' or 'base64'"),
     ({"dimensions": 8}, "dimensions", "returns 384 dimensions"),
-    ({"dimensions": "384"}, "dimensions", "'dimensions' must be an integer, got '384'"),
+    ({"dimensions": "384"}, "dimensions", "'dimensions' must be an integer, got \"384\""),
     ({"model": "intent"}, "model", "serves text_embedding models only"),
     ({"model": 7}, "model", "'model' must name a model"),
 ])

@@ -55,8 +55,8 @@ def test_a_classification_output_is_bytes_json_or_binary(binary: bool) -> None:
 
 @pytest.mark.parametrize(("config", "count", "message"), [
     (INTENT, 0, "parameter 'classification' is 0"),
-    (INTENT, "2", "parameter 'classification' is '2'"),
-    (INTENT, True, "parameter 'classification' is True"),
+    (INTENT, "2", 'parameter \'classification\' is "2"'),
+    (INTENT, True, "parameter 'classification' is true"),
     (ModelConfig(name="embed", path=Path("."), backend="fake", pipeline="text_embedding",
                  max_batch_size=8, inputs=INTENT.inputs,
                  outputs=(TensorSpec("probabilities", "FP32", (3,)),)),

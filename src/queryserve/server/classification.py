@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from queryserve.api import Classifications
+from queryserve.api import Classifications, as_json
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput
 from queryserve.model import ANSWERS, pipelines_answering
@@ -32,7 +32,7 @@ def classification_count(value: object, output: str, config: ModelConfig) -> int
                            f"model; the classification extension serves "
                            f"{' and '.join(pipelines_answering(Classifications))} models only")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInput(f"output '{output}': parameter 'classification' is {value!r}; "
+        raise InvalidInput(f"output '{output}': parameter 'classification' is {as_json(value)}; "
                            "expected how many top classes to answer, an integer >= 1")
     return value
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from queryserve import __version__
-from queryserve.api import Inputs, decode_texts
+from queryserve.api import Inputs, as_json, decode_texts
 from queryserve.config import ModelConfig, TensorSpec
 from queryserve.errors import InvalidInput, PayloadTooLarge
 from queryserve.repository import VERSION
@@ -165,7 +165,7 @@ def flag(parameters: Mapping[str, Any], name: str, default: bool, where: str) ->
     """A true-or-false parameter; "false" (a string) is not false, so it is refused."""
     value = parameters.get(name, default)
     if not isinstance(value, bool):
-        raise InvalidInput(f"{where}: '{name}' must be true or false, got {str(value)[:40]!r}")
+        raise InvalidInput(f"{where}: '{name}' must be true or false, got {as_json(value, 40)}")
     return value
 
 
@@ -267,7 +267,7 @@ def request_timeout(parameters: Mapping[str, Any]) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise InvalidInput(f"parameter 'timeout' is {timeout!r}; expected microseconds, an "
+        raise InvalidInput(f"parameter 'timeout' is {as_json(timeout)}; expected microseconds, an "
                            "integer >= 0")
     return float(timeout) / 1e6
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from queryserve.api import as_json
 from queryserve.errors import InvalidInput, NotFound
 from queryserve.repository import shown
 from queryserve.server import kserve, kserve_json
@@ -86,7 +87,7 @@ class KServeRoutes:
     async def repository_index(self, request: Request) -> Response:
         ready = _optional_body(request, '{"ready": true}').get("ready", False)
         if not isinstance(ready, bool):
-            raise InvalidInput(f"'ready' must be true or false, got {ready!r}")
+            raise InvalidInput(f"'ready' must be true or false, got {as_json(ready)}")
         return json_response(self.service.index(ready))
 
     async def load(self, request: Request, name: str) -> Response:
@@ -110,5 +111,5 @@ def _parameters(request: Request) -> dict[str, Any]:
                            '{"parameters": {...}}')
     parameters = body.get("parameters", {})
     if not isinstance(parameters, dict):
-        raise InvalidInput(f"'parameters' must be an object, got {parameters!r}"[:200])
+        raise InvalidInput(f"'parameters' must be an object, got {as_json(parameters)}")
     return parameters

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from queryserve.api import as_json
 from queryserve.config import ModelConfig
 from queryserve.errors import InvalidInput
 from queryserve.server.http_types import check_uncompressed
@@ -95,8 +96,8 @@ def _tensor_parts(raw_inputs: list[Any], binary: memoryview) -> list[TensorPart]
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
                     or offset + size > len(binary):
-                raise InvalidInput(f"inputs[{i}]: binary_data_size {size!r} does not fit the "
-                                   "body")
+                raise InvalidInput(f"inputs[{i}]: binary_data_size {as_json(size)} does not "
+                                   "fit the body")
             if raw.get("data") is not None:  # as gRPC refuses contents beside raw contents
                 raise InvalidInput(f"inputs[{i}] has both data and binary_data_size; send "
                                    "it one way")

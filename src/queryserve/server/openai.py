@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from queryserve.api import Embeddings, Inputs
+from queryserve.api import Embeddings, Inputs, as_json
 from queryserve.errors import NotFound, Unavailable
 from queryserve.model import AnyModel
 from queryserve.server.http import Request, Response
@@ -55,13 +55,13 @@ class OpenAIRoutes:
             inputs = embedding_inputs(body.get("input"))
             encoding = body.get("encoding_format") or "float"  # null: not given, as OpenAI
             if encoding not in ("float", "base64"):
-                raise invalid(f"encoding_format {str(encoding)[:40]!r} is not supported; use "
+                raise invalid(f"encoding_format {as_json(encoding, 40)} is not supported; use "
                               "'float' or 'base64'", "encoding_format")
             width = model.config.outputs[0].dims[-1]
             dimensions = body.get("dimensions")
             if dimensions is not None and type(dimensions) is not int:  # "384" is not 384
                 raise invalid(f"'dimensions' must be an integer, got "
-                              f"{str(dimensions)[:40]!r}", "dimensions")
+                              f"{as_json(dimensions, 40)}", "dimensions")
             if dimensions not in (None, width):
                 raise invalid(f"model '{name}' returns {width} dimensions; 'dimensions' "
                               f"{dimensions} is not supported", "dimensions")
