@@ -149,6 +149,8 @@ class ModelRepository:
         try:
             model = self.assemble(load_config(self.folder(name)))
         except QueryServeError as exc:
+            exc.message = self._as_clients_read(exc.message)
+            exc.args = (exc.message,)
             self.errors[name] = exc.message
             raise
         except Exception as exc:
@@ -156,12 +158,23 @@ class ModelRepository:
             # own (onnxruntime's InvalidProtobuf, tokenizers' Exception, a KeyError for an
             # output the graph lacks): one model's, said as such, not the server's. Uncaught,
             # one corrupt model.onnx stopped the whole server at start (and 500'd a load).
-            message = (f"model '{name}' cannot be built from its files: "
-                       f"{type(exc).__name__}: {exc}")[:400]
+            message = self._as_clients_read(f"model '{name}' cannot be built from its "
+                                            f"files: {type(exc).__name__}: {exc}")[:400]
             self.errors[name] = message
             raise ConfigError(message) from exc
         self.errors.pop(name, None)
         return model
+
+    def _as_clients_read(self, message: str) -> str:
+        """A model's load error as its load answer, the index and its 503s give it: paths
+        within the repository (`embed/model.yaml`), without the repository's own place on
+        disk, which is the operator's business (the log says it at start)."""
+        roots = {str(self.root.resolve())}
+        if str(self.root) not in (".", ""):
+            roots.add(str(self.root))
+        for root in sorted(roots, key=len, reverse=True):  # the absolute one holds the other
+            message = message.replace(root + os.sep, "")
+        return message
 
     def assemble(self, config: ModelConfig) -> AnyModel:
         """The model `config` describes, warmed up (also how `local.open_model` opens a folder

@@ -20,7 +20,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from queryserve.server.run import ServeOptions, _warn_if_open
-from queryserve.server.security import AccessControl, host_name, is_loopback
+from queryserve.server.security import AccessControl, binds_loopback, host_name, is_loopback
 from tests.conftest import (
     RunningServer,
     free_port,
@@ -236,6 +236,40 @@ def test_a_server_without_keys_or_guards_is_open_and_pays_for_no_checks(
         stop_server(server)
 
 
+def test_a_page_cannot_unload_a_model_of_a_server_open_beyond_loopback(tmp_path: Path) -> None:
+    """Bound beyond loopback with no key, hosts or origins (`--http 0.0.0.0:8000`, "it is
+    internal"), no check ran: a page any user of the network visited unloaded its models with
+    a simple cross-site POST. The Origin check runs on every server; curl and the SDKs send
+    none. In process, the server's application as bound to 0.0.0.0, not a listener on it."""
+    import asyncio
+
+    from queryserve.repository import ModelRepository
+    from queryserve.server.app import ServerApp
+    from queryserve.server.http_types import Request
+
+    write_fake_model(tmp_path, "fake")
+
+    async def run() -> list[int]:
+        repository = ModelRepository(tmp_path, cores=1)
+        await repository.load_all()
+        app = ServerApp(repository, auth=AccessControl.for_server("0.0.0.0"))
+        statuses = []
+        for origin in ("http://evil.example", None, "http://10.1.2.3:8000"):
+            headers = {"host": "10.1.2.3:8000", "content-type": "text/plain"}
+            if origin is not None:
+                headers["origin"] = origin
+            body = orjson.dumps(INFER)
+            answer = await app(Request("POST", "/v2/models/fake/infer", "", headers, body))
+            statuses.append(answer.status)
+        unload = await app(Request("POST", "/v2/repository/models/fake/unload", "", {
+            "host": "10.1.2.3:8000", "origin": "http://evil.example"}, b""))
+        statuses.append(unload.status)
+        await repository.close()
+        return statuses
+
+    assert asyncio.run(run()) == [403, 200, 200, 403]  # the evil page; curl; its own page
+
+
 def test_the_policy_for_each_bind_address() -> None:
     loopback = AccessControl.for_server("127.0.0.1")
     assert loopback.guarding and loopback.allowed_hosts is not None
@@ -250,6 +284,10 @@ def test_the_policy_for_each_bind_address() -> None:
         named.check_host("evil.example")
     assert host_name("[::1]:8000") == "::1" and host_name("Example.COM") == "example.com"
     assert is_loopback("::1") and not is_loopback("10.0.0.1")
+    # A bind name is resolved as the listener resolves it (one naming 127.0.0.1 was taken for
+    # a public bind: no Host guard); one that does not resolve is not loopback.
+    assert binds_loopback("127.0.0.1") and binds_loopback("localhost")
+    assert not binds_loopback("0.0.0.0") and not binds_loopback("no-such-host.invalid")
 
 
 def test_serving_beyond_loopback_without_a_key_warns(caplog: pytest.LogCaptureFixture) -> None:

@@ -481,6 +481,14 @@ def test_api_key_guards_every_rpc_but_health(guarded: Served) -> None:
     streamed = list(guarded.stub().ModelStreamInfer(iter([raw_request("slow", [b"a"])]),
                                                     metadata=[("authorization", f"Bearer {KEY}")]))
     assert len(streamed) == 1 and not streamed[0].error_message
+    # Two keys, a wrong one first: refused as over HTTP (the last was taken: it passed).
+    twice = [("authorization", "Bearer wrong"), ("authorization", f"Bearer {KEY}")]
+    code, details = code_of(guarded.stub().RepositoryIndex, service_pb2.RepositoryIndexRequest(),
+                            metadata=twice)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "more than one authorization" in details
+    code, _ = code_of(lambda: list(guarded.stub().ModelStreamInfer(iter([
+        raw_request("slow", [b"a"])]), metadata=twice)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_a_message_that_does_not_parse_is_invalid_and_logs_nothing(guarded: Served) -> None:

@@ -367,6 +367,11 @@ def test_a_model_whose_files_are_broken_leaves_the_other_models_serving(
         index = {m["name"]: m for m in httpx.post(f"{url}/v2/repository/index").json()}
         assert "reads no version folders: move 1/model.onnx beside model.yaml, or set " \
                "parameters.model_file: 1/model.onnx" in index["versions"]["reason"]
+        # Paths within the repository: where it is on disk is the operator's business (every
+        # reason, load answer and 503 named it, to anyone who could reach the port).
+        assert str(tmp_path) not in str(index) and "ints/model.yaml: output" in str(index)
+        load = httpx.post(f"{url}/v2/repository/models/broken/load")
+        assert str(tmp_path) not in load.text and "broken/model.onnx" in load.text
         assert "cannot be built from its files: InvalidProtobuf" in index["broken"]["reason"]
         assert "output[0].name is 'vector', which the model does not give; its outputs are " \
                "embedding" in index["renamed"]["reason"]

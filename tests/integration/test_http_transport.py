@@ -181,6 +181,16 @@ async def test_fields_versions_and_codings_are_read_as_rfc_9112_says() -> None:
         for raw in (get("/", "host: u"), get("/", "authorization: a", "authorization: b"),
                     b"GET / HTTP/1.1\r\n\r\n"):
             assert (await answer(raw))[0] == 400, raw
+        # Framing and the page's Origin once too, and no chunks in HTTP/1.0 (the last
+        # Transfer-Encoding line won: identity then chunked was read as chunked; an HTTP/1.0
+        # chunked body was read and the connection kept: the framing a proxy before it and
+        # this server disagree on).
+        for raw in (b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: identity\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+                    get("/", "origin: http://evil.example", "origin: http://t"),
+                    b"POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n"
+                    b"\r\n"):
+            assert (await answer(raw))[0] == 400, raw
         assert (await answer(b"GET / HTTP/1.0\r\n\r\n"))[0] == 200
         # HTTP/2.0 on an HTTP/1.1 line, a transfer coding not served, an unknown expectation
         # (200, a gzip body read as its bytes, a body waited for).

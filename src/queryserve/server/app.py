@@ -55,7 +55,9 @@ class ServerApp:
         origin = headers.get("origin")
         auth = self.state.auth
         try:
-            if auth.guarding:
+            # A browser's request is checked even on a server with no key, hosts or origins
+            # set (bound beyond loopback): a page the user visited unloaded its models.
+            if auth.guarding or origin is not None:
                 response = await self._guarded(request, origin)
             else:
                 response = await self.router(request)

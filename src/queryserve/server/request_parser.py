@@ -39,9 +39,11 @@ _NO_HEAD = -2
 _HEAD_BEGAN = -1
 
 
-ONCE = frozenset(("host", "authorization"))
+ONCE = frozenset(("host", "authorization", "content-length", "transfer-encoding", "origin"))
 """Fields a request may carry once (RFC 9112 3.2 for Host): with two, a proxy that read the
-first and this server, which kept the last, disagreed on the host or the key."""
+first and this server, which kept the last, disagreed on the host, the key, where the body
+ends (`Transfer-Encoding: identity` then `chunked` was read as chunked, one line of both a
+501) or which page sent it."""
 
 
 def _decoded(path: str) -> str:
@@ -224,6 +226,12 @@ class RequestParser:
         if "host" not in self.headers and not self.http10:
             self._refuse(400, "an HTTP/1.1 request needs a Host field", "bad_request")
         coding = self.headers.get("transfer-encoding")
+        if coding is not None and self.http10:
+            # HTTP/1.0 has no transfer codings (RFC 9112 6.1: faulty framing): an HTTP/1.0
+            # proxy before this server reads the chunks as the body, and the two disagree on
+            # where the next request begins.
+            self._refuse(400, "an HTTP/1.0 request cannot be chunked: send Content-Length",
+                         "bad_request")
         if coding is not None:
             # llhttp reads the chunks of `gzip, chunked` and leaves the gzip to us: its bytes
             # were read as the body.

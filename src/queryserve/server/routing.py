@@ -79,4 +79,7 @@ def json_body(request: Request, example: str) -> dict[str, Any]:
         raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidInput(f"the body must be a JSON object, e.g. {example}")
+    model = body.get("model")
+    if request.model is None and isinstance(model, str):  # the access log's, read once here
+        request.model = model[:100]
     return body

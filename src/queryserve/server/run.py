@@ -30,7 +30,7 @@ from queryserve.repository import ModelRepository
 from queryserve.server.access_log import AccessLog
 from queryserve.server.app import ServerApp
 from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, HttpServer, start_http_server
-from queryserve.server.security import AccessControl, is_loopback
+from queryserve.server.security import AccessControl, binds_loopback
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
 from queryserve.server.workers.peers import Seat, Served, Siblings, answer_siblings
@@ -312,7 +312,7 @@ async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer |
 
 def _warn_if_open(options: ServeOptions) -> None:
     exposed = [host for host in (options.host, options.grpc[0] if options.grpc else None)
-               if host is not None and not is_loopback(host)]
+               if host is not None and not binds_loopback(host)]
     if exposed and not options.api_keys:
         log.warning("serving on %s without an API key: anyone who can reach it can use and "
                     "unload every model; set --api-key (or QUERYSERVE_API_KEY)",

@@ -25,6 +25,7 @@ import ipaddress
 import itertools
 import re
 import secrets
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -76,6 +77,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def binds_loopback(bind_host: str) -> bool:
+    """Whether a bind address is loopback, a name resolved as the listener resolves it
+    (`--http vm:8000`, vm being 127.0.0.1, was taken for a public bind: no Host guard, and a
+    warning that it served beyond loopback)."""
+    if is_loopback(bind_host):
+        return True
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(
+            bind_host.strip("[]"), None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(addresses) and all(is_loopback(str(a).split("%")[0]) for a in addresses)
+
+
 def host_name(host: str) -> str:
     """The name in a Host header, without its port: `[::1]:8000` -> `::1`."""
     if host.startswith("["):
@@ -115,7 +130,7 @@ class AccessControl:
         """The policy for a server bound to `bind_host`: loopback names only when bound to
         loopback (plus `allowed_hosts`); `allowed_hosts` only, when given, elsewhere."""
         hosts = {host_name(h) for h in allowed_hosts}
-        if is_loopback(bind_host):
+        if binds_loopback(bind_host):
             # The usual names spelled out, so the common case is one set lookup.
             hosts.update(("loopback", "localhost", "127.0.0.1", "::1"))
         return cls(tuple(api_keys), frozenset(hosts) if hosts else None,

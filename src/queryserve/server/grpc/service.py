@@ -97,7 +97,7 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
         status, code, sent = 200, grpc.StatusCode.OK, None
         try:
             if keyed:
-                state.auth.check_key(metadata.get("authorization"), grpc=True)
+                state.auth.check_key(_key(context), grpc=True)
             parsed = _parsed(request)
             context.set_trailing_metadata(echoed)
             sent = await handler(service, parsed)
@@ -121,6 +121,16 @@ def _answering(handler: Handler[Req, Resp], keyed: bool) -> Rpc[Req, Resp]:
                     tracing.end_rpc(span, code.value[0], model or None, status)
 
     return answer
+
+
+def _key(context: Any) -> str | None:
+    """The call's `authorization` metadata; more than one is refused, as over HTTP (the
+    last was taken: a wrong key, then a right one, passed)."""
+    keys = [value for name, value in context.invocation_metadata() or ()
+            if name == "authorization"]
+    if len(keys) > 1:
+        raise InvalidInput("the call has more than one authorization metadata entry")
+    return keys[0] if keys else None
 
 
 def _parsed(request: Req | Malformed) -> Req:
@@ -219,7 +229,7 @@ class InferenceService:
         metadata = dict(context.invocation_metadata() or ())
         echoed = (("x-request-id", state.request_ids.of(metadata.get("x-request-id"))),)
         try:
-            state.auth.check_key(metadata.get("authorization"), grpc=True)
+            state.auth.check_key(_key(context), grpc=True)
         except QueryServeError as exc:
             await abort(context, grpc.StatusCode[exc.grpc_code], exc.message,
                         (*exc.headers.items(), *echoed))
