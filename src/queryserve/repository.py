@@ -255,20 +255,31 @@ class ModelRepository:
         self.retiring.add(closed)
         closed.add_done_callback(self.retiring.discard)
 
-    async def close(self, timeout_s: float | None = None) -> None:
+    def give_up(self) -> None:
+        """At the drain's deadline: every model takes no more work and fails what it still
+        holds, queued or running, each request answered 503 while its connection is open
+        (closed at the deadline, the clients got no answer at all)."""
+        for model in self.models.values():
+            model.close()  # kept by the model, and awaited by `close` next
+            model.abort()
+
+    async def close(self, timeout_s: float | None = None) -> int:
         """Retire every model and wait until their queues have run (shutdown); past
-        `timeout_s`, whatever still waits fails."""
+        `timeout_s`, whatever still waits fails. The models given up on that way (a batch of
+        theirs may still be running on its instance's thread)."""
         for name in list(self.models):
             self._take_out(name)
         self._builder.shutdown(wait=False)  # a build still running is not waited for
         if self.retiring:
             _, pending = await asyncio.wait(set(self.retiring), timeout=timeout_s)
             if pending:
-                log.warning("%d model(s) still had work queued at the deadline: it fails",
+                log.warning("%d model(s) still had work at the deadline: given up on",
                             len(pending))
                 for release in pending:
                     release.cancel()  # _released aborts the model's queue
                 await asyncio.wait(pending)
+                return len(pending)
+        return 0
 
     # -- lookup ---------------------------------------------------------------------------------
 

@@ -168,6 +168,7 @@ class Scheduler(Generic[P, R]):
         self._in_turns = 0  # requests queued in turns that have not ended: see `turns`
         self._failures = 0  # batches that failed, since load
         self._batches = 0  # batches that succeeded: a number for each (`RequestWork.charge`)
+        self._running: dict[int, list[QueuedItem[P]]] = {}  # by instance index: `abort`
 
     @property
     def queue_depth(self) -> int:
@@ -264,6 +265,7 @@ class Scheduler(Generic[P, R]):
 
     def _dispatch(self, instance: Instance, batch: list[QueuedItem[P]]) -> None:
         started = self.clock()
+        self._running[instance.index] = batch
         payloads = [item.payload for item in batch]
         loop = self._loop
         assert loop is not None
@@ -298,6 +300,7 @@ class Scheduler(Generic[P, R]):
                   result: tuple[Sequence[R], BatchTimes] | None,
                   error: BaseException | None) -> None:
         """Back on the loop: resolve the batch's futures, free the instance, schedule more."""
+        self._running.pop(instance.index, None)
         self._free.append(instance)
         try:
             if error is not None:
@@ -373,11 +376,19 @@ class Scheduler(Generic[P, R]):
         self.instances, self._free = [], []
 
     def abort(self) -> None:
-        """Fail whatever still waits (shutdown past its drain deadline)."""
-        error = Unavailable(f"model '{self.model}' stopped before the request ran")
-        for item in self.batcher.drain():
-            if not item.ticket.done():
-                _future(item).set_exception(error)
+        """Fail whatever still waits, and what the batches still running hold (shutdown past
+        its drain deadline): each request is answered 503, to be sent again elsewhere, not
+        left to a connection closed without an answer. A running batch's result, when it
+        comes, finds its items answered."""
+        error = Unavailable(f"model '{self.model}' stopped before answering the request (the "
+                            "server is stopping); send it again")
+        running = [item for batch in self._running.values() for item in batch]
+        waiting = [item for item in [*self.batcher.drain(), *running] if not item.ticket.done()]
+        for item in waiting:
+            _future(item).set_exception(error)
+        if waiting:
+            log.warning("model '%s': %d item(s) still queued or running given up on, their "
+                        "requests answered 503", self.model, len(waiting))
         if self._closed is not None:
             self._finish_if_idle()
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 
 from queryserve.server.connection import FEED_BYTES, HttpConnection
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 # What shutdown gives accepted requests (ours take milliseconds): under the 30 s an orchestrator
 # such as Kubernetes waits by default between SIGTERM and SIGKILL, with room for the rest.
 DRAIN_TIMEOUT_S = 30.0  # on SIGTERM, how long accepted requests get to finish
+ANSWER_AT_DEADLINE_S = 0.5
+"""After the drain's deadline, how long the requests given up on then have to be answered
+(503, written at once) before their connections are closed."""
 
 
 def _date_line() -> bytes:
@@ -180,10 +184,13 @@ class HttpServer:
         if self._drained is not None and not self.live:
             self._drained.set()
 
-    async def shutdown(self, timeout_s: float) -> int:
+    async def shutdown(self, timeout_s: float,
+                       at_deadline: Callable[[], None] | None = None) -> int:
         """Stop listening, close idle connections, let busy ones answer every request they have
         read (the last answer says `connection: close`), and close whatever is left after
-        `timeout_s`. Returns how many requests were still unanswered then (0 when drained)."""
+        `timeout_s`, once `at_deadline` has had the requests still waiting answered (up to
+        `ANSWER_AT_DEADLINE_S` more). Returns how many requests were still unanswered then (0
+        when drained)."""
         self.draining = True
         self.listener.close()  # its wait_closed() returns at once under uvloop: we track our own
         self._drained = drained = asyncio.Event()
@@ -192,6 +199,10 @@ class HttpServer:
         if self.live:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(drained.wait(), timeout_s)
+        if self.live and at_deadline is not None:
+            at_deadline()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(drained.wait(), ANSWER_AT_DEADLINE_S)
         unanswered = self.unanswered
         for connection in list(self.live):
             connection.abort()

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -77,8 +78,9 @@ class ServeOptions:
 
 
 async def serve_async(options: ServeOptions, started: asyncio.Event | None = None) -> int:
-    """Serve until a signal, then drain; the model builds still running at the end (a load
-    the signal came in the middle of), which nothing waits for."""
+    """Serve until a signal, then drain; the work still running at the end, which nothing
+    waits for: model builds (a load the signal came in the middle of), and requests and
+    queues given up on at the drain's deadline."""
     repository = ModelRepository(options.repository, cap_instances=options.seat is not None)
     if options.cores is not None:
         repository.cores = options.cores
@@ -130,7 +132,7 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     if beating is not None:
         beating.cancel()
     began = time.monotonic()
-    unanswered = await _drain(listeners, repository, options.drain_timeout_s)
+    unanswered, abandoned = await _drain(listeners, repository, options.drain_timeout_s)
     if control is not None:
         control.close()
     if access_log is not None:
@@ -140,20 +142,20 @@ async def serve_async(options: ServeOptions, started: asyncio.Event | None = Non
     _log_stopped(time.monotonic() - began, unanswered)
     if repository.builds:
         log.info("%d model build(s) left unfinished", len(repository.builds))
-    return len(repository.builds)
+    return len(repository.builds) + unanswered + abandoned
 
 
 async def _drain(listeners: Listeners | None, repository: ModelRepository,
-                 timeout_s: float) -> int:
+                 timeout_s: float) -> tuple[int, int]:
     """Stop listening, answer what was accepted and run every queue, in `timeout_s` in all;
-    the requests still unanswered at the deadline."""
+    the requests still unanswered at the deadline, and the models whose queues were given up
+    on then."""
     began = time.monotonic()
     log.info("draining: not ready, no new connections; up to %.0f s for accepted work",
              timeout_s)
-    unanswered = await listeners.shutdown(timeout_s) if listeners else 0
+    unanswered = await listeners.shutdown(timeout_s, repository.give_up) if listeners else 0
     left_s = max(0.0, timeout_s - (time.monotonic() - began))
-    await repository.close(left_s)
-    return unanswered
+    return unanswered, await repository.close(left_s)
 
 
 def _log_stopped(elapsed_s: float, unanswered: int) -> None:
@@ -273,11 +275,13 @@ class Listeners:
     http: HttpServer
     grpc: GrpcServer | None
 
-    async def shutdown(self, timeout_s: float) -> int:
-        """Both drained at once; the HTTP requests still unanswered at the deadline."""
+    async def shutdown(self, timeout_s: float,
+                       at_deadline: Callable[[], None] | None = None) -> int:
+        """Both drained at once; the HTTP requests still unanswered at the deadline, once
+        `at_deadline` has had those still waiting answered."""
         grpc_drained = (asyncio.ensure_future(self.grpc.shutdown(timeout_s))
                         if self.grpc is not None else None)
-        unanswered = await self.http.shutdown(timeout_s)
+        unanswered = await self.http.shutdown(timeout_s, at_deadline)
         if grpc_drained is not None:
             await grpc_drained
         return unanswered
@@ -337,9 +341,14 @@ def _log_ready(repository: ModelRepository, strict: bool) -> None:
 def serve(options: ServeOptions) -> None:
     heap.cap_arenas(options.cores or len(os.sched_getaffinity(0)))  # before any thread starts
     if uvloop.run(serve_async(options)):
-        # A build still running (a 10 s warmup, an ONNX session being made) would keep the
-        # interpreter alive at exit, which joins its thread: a drained server outlived its
-        # --drain-timeout by the rest of the build, and a pod its grace period. Everything
-        # was answered or given up on and closed; only the logs are left to write.
+        # Work left at the drain's deadline still runs on its threads. A build (a 10 s
+        # warmup, an ONNX session being made) kept the interpreter alive at exit, which joins
+        # its thread: a drained server outlived its --drain-timeout by the rest of the build,
+        # and a pod its grace period. A batch still inside ONNX Runtime met the interpreter's
+        # finalization and aborted the process ("terminate called", exit 134 or 139; the
+        # supervisor then exited 1). Everything was answered or given up on and closed; only
+        # the logs are left to write.
         logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(0)
