@@ -204,8 +204,12 @@ class ModelRepository:
         """On the event loop: serve `model` from now on, and retire the one it replaces."""
         previous = self.models.get(model.name)
         self.models[model.name] = model
-        log.info("model '%s' ready: %d instance(s) x %d thread(s), backend %s", model.name,
-                 model.config.instance_group.count, model.threads, model.config.backend)
+        steps = model.config.ensemble
+        if steps is not None:  # it runs no instance of its own
+            log.info("model '%s' ready: an ensemble of %s", model.name, ", ".join(steps.models()))
+        else:
+            log.info("model '%s' ready: %d instance(s) x %d thread(s), backend %s", model.name,
+                     model.config.instance_group.count, model.threads, model.config.backend)
         if previous is not None:
             self._retire(previous)
 

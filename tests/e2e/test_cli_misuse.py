@@ -7,6 +7,7 @@ Each case here was a traceback, a silent acceptance or an error that hid the rea
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,11 @@ from tests.conftest import ROOT, free_port, start_server, stop_server, write_fak
 from tests.e2e.test_lifecycle import infer_body, serving_unready
 
 
-def queryserve(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def queryserve(*args: str, cwd: Path = ROOT,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "queryserve", *args], capture_output=True,
-                          text=True, timeout=60, cwd=cwd)
+                          text=True, timeout=60, cwd=cwd,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def refused(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
@@ -70,6 +73,9 @@ def test_serve_refuses_what_it_could_only_fail_at_later(tmp_path: Path) -> None:
             "--workers 3 on 2 core(s): each worker runs at least one model instance thread")
     refused(queryserve(*serve, "--served-model-name", "x=nope"), 1,
             "--served-model-name x=nope:", "has no model 'nope' (it has: fast)")
+    # Set and empty (a Secret made of a failed `openssl rand`): it served an open pod.
+    refused(queryserve(*serve, env={"QUERYSERVE_API_KEY": " , "}), 1,
+            "QUERYSERVE_API_KEY is set and holds no key")
     write_fake_model(tmp_path, "slow")  # an alias that is a model's name hid that model
     refused(queryserve(*serve, "--served-model-name", "slow=fast"), 1,
             "--served-model-name slow=fast: 'slow' is a model of", "name the alias otherwise")

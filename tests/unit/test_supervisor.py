@@ -8,7 +8,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from queryserve.server.workers.supervisor import FOLDER_PREFIX, _remove_orphaned_folders
+import pytest
+
+from queryserve.errors import ServeError
+from queryserve.server.run import ServeOptions
+from queryserve.server.workers.supervisor import (
+    FOLDER_PREFIX,
+    Supervisor,
+    _remove_orphaned_folders,
+)
+from tests.conftest import write_fake_model
 
 
 def test_a_killed_supervisor_s_folder_is_removed_by_the_next_one() -> None:
@@ -29,3 +38,13 @@ def test_a_killed_supervisor_s_folder_is_removed_by_the_next_one() -> None:
             if folder.exists():
                 (folder / "worker-0.sock").unlink(missing_ok=True)
                 folder.rmdir()
+
+
+def test_no_writable_temporary_folder_is_said_in_a_line(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only root with no /tmp mounted: --workers 2 ended in a 24-line traceback (one
+    worker needs no folder, so a 2-core pod showed nothing until its CPU limit grew)."""
+    write_fake_model(tmp_path, "fast")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no such folder"))
+    with pytest.raises(ServeError, match="--workers 2 needs a writable temporary folder"):
+        Supervisor(ServeOptions(tmp_path, port=0), 2).run()

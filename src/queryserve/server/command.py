@@ -221,6 +221,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
     keys = [*args.api_key, *(key.strip() for key in
                              os.environ.get(API_KEY_VARIABLE, "").split(",") if key.strip())]
+    if API_KEY_VARIABLE in os.environ and not keys:
+        # Set, and empty: a Secret made of a failed `openssl rand` served an open pod with a
+        # warning. Unset, there is no key (KServe's `optional: true` Secret).
+        raise ServeError(f"{API_KEY_VARIABLE} is set and holds no key; give it one, or unset "
+                         "it to serve without a key")
     files = _raise_file_limit()
     max_connections = args.max_connections or HttpLimits().max_connections
     if max_connections > files // 2:

@@ -315,8 +315,10 @@ async def _start_grpc(state: ServerState, options: ServeOptions) -> GrpcServer |
 
 
 def _warn_if_open(options: ServeOptions) -> None:
-    exposed = [host for host in (options.host, options.grpc[0] if options.grpc else None)
-               if host is not None and not binds_loopback(host)]
+    addresses = [f"http {options.host}:{options.port}",
+                 *([f"grpc {options.grpc[0]}:{options.grpc[1]}"] if options.grpc else [])]
+    exposed = [address for address in addresses
+               if not binds_loopback(address.split(" ", 1)[1].rsplit(":", 1)[0])]
     if exposed and not options.api_keys:
         log.warning("serving on %s without an API key: anyone who can reach it can use and "
                     "unload every model; set --api-key (or QUERYSERVE_API_KEY)",

@@ -47,8 +47,10 @@ from queryserve.server.state import ServerState
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!I")
-SNAPSHOT_TIMEOUT_S = 5.0
-"""A sibling that has not answered a snapshot by then is left out of the scrape (and said)."""
+SNAPSHOT_TIMEOUT_S = 3.0
+"""A sibling that has not answered a snapshot by then is left out of the scrape (and said):
+under the scrape's own timeout (5 s in deploy/kubernetes), or a stuck sibling cost the whole
+scrape (`up` 0, and the autoscaler's metric gone) rather than its part of the sums."""
 LOAD_TIMEOUT_S = 600.0
 """Building a model takes seconds; minutes would mean a sibling is stuck."""
 BEAT_S = 1.0

@@ -108,8 +108,13 @@ class Supervisor:
         access_log = self.options.access_log
         if access_log is not None and access_log != "-":  # likewise a log it cannot write
             open_log_file(access_log).close()
-        _remove_orphaned_folders()
-        folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+        try:
+            _remove_orphaned_folders()
+            folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+        except OSError as exc:  # a read-only root with no /tmp mounted (a 24-line traceback)
+            raise ServeError(f"--workers {self.workers} needs a writable temporary folder for "
+                             f"its control sockets ($TMPDIR, or /tmp): {exc.strerror or exc}; "
+                             "mount one there (an emptyDir, a tmpfs)") from None
         with contextlib.ExitStack() as held:
             held.callback(shutil.rmtree, folder, True)
             options = self._reserve_ports(held)
