@@ -99,6 +99,23 @@ def test_token_ids_of_the_models_tokenizer_embed_as_the_text_does(
                                atol=1e-6)
 
 
+def test_token_ids_padded_by_the_client_s_tokenizer_embed_as_the_text_does(
+        real_server: RunningServer) -> None:
+    """The tokenizer.json beside the model, as a client opens it, pads every encoding to 128:
+    its ids, read with the padding as text, gave another vector (cosine 0.24)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(REPOSITORY / "embed" / "tokenizer.json"))
+    tokenizer.enable_padding(length=128)  # as some exports ship it (this one did)
+    ids = [tokenizer.encode(q).ids for q in QUERIES]
+    assert all(len(row) == 128 and row[-1] == 0 for row in ids)
+    rows = sdk(real_server).embeddings.create(model="embed", input=ids, encoding_format="float")
+    np.testing.assert_allclose(vectors(rows), kserve_vectors(real_server, QUERIES), atol=1e-6)
+    padding = httpx.post(f"{real_server.url}/v1/embeddings",
+                         json={"model": "embed", "input": [[0, 0, 0]]})
+    assert padding.status_code == 400 and "only padding" in padding.json()["error"]["message"]
+
+
 def test_token_ids_past_the_max_sequence_length_are_truncated_as_text_is(
         real_server: RunningServer) -> None:
     tokenizer = open_tokenizer(REPOSITORY / "embed" / "tokenizer.json", MAX_SEQUENCE_LENGTH)

@@ -81,10 +81,12 @@ def test_documents_as_objects_and_without_the_prefix(real_server: RunningServer)
     ({"documents": [{"text": None}]}, 400, "documents", "documents[0] must be a string"),
     ({"documents": ["sony"] * 1025}, 413, "documents", "at most 1024"),
     ({"top_n": 0}, 400, "top_n", "'top_n' must be a positive integer"),
-    ({"top_n": "2"}, 400, "top_n", "'top_n' must be a positive integer"),
+    ({"top_n": "2"}, 400, "top_n", "'top_n' must be a positive integer, got \"2\""),
     ({"top_n": True}, 400, "top_n", "'top_n' must be a positive integer"),
     ({"top_n": 1.5}, 400, "top_n", "'top_n' must be a positive integer"),
     ({"return_documents": "yes"}, 400, "return_documents", "must be true or false"),
+    # A misspelt field was ignored: every document came back.
+    ({"topn": 1}, 400, "topn", "unknown field 'topn'; /v1/rerank takes model, query"),
     ({"model": None}, 400, "model", "'model' must name a model"),
     ({"model": "embed"}, 400, "model", "serves pair_scoring models only"),
     ({"model": "nope"}, 404, "model", "unknown model 'nope'"),

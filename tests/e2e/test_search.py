@@ -129,7 +129,7 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
                          ({"query": "\u0000"}, '"query": a non-empty string'),  # was searched
                          ({"query": "\u200b"}, '"query": a non-empty string'),
                          ({"query": "jazz", "k": 0}, "'k' must be an integer"),
-                         ({"query": "jazz", "catalog": "movies"}, "'catalog' is 'movies'")]:
+                         ({"query": "jazz", "catalog": "movies"}, "'catalog' is \"movies\"")]:
         bad = httpx.post(f"{real_server.url}/v1/search", json=body_)
         assert bad.status_code == 400 and words in bad.json()["error"], bad.text
 

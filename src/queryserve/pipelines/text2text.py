@@ -103,6 +103,9 @@ class TextToText(GeneratedText):
         self.tokenizer = tokenizer
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[list[str]]:
+        # Spaces as the channel reads them: runs of them were read as tokens of their own, and
+        # "  taylor   swift  " came back "taylor   swift your mos dspy swift t".
+        texts = [" ".join(text.split()) for text in texts]
         tokens = source_tokens(self.tokenizer, texts)
         limit = (self.tokenizer.truncation or {}).get("max_length")
         for text, row in zip(texts, tokens, strict=True):

@@ -68,6 +68,8 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         # The id a truncated text still ends with ([SEP], or </s> for RoBERTa-like models).
         self.end_id = next((i for token in ("[SEP]", "</s>")
                             if (i := tokenizer.token_to_id(token)) is not None), None)
+        self.pad_id = next((i for token in ("[PAD]", "<pad>")
+                            if (i := tokenizer.token_to_id(token)) is not None), None)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None) -> list[Array]:
         if pairs is not None:
@@ -86,8 +88,11 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
         return [np.asarray([e.ids, e.type_ids], dtype=np.int64) for e in encodings]
 
     def encode_ids(self, rows: Sequence[Sequence[int]]) -> list[Array]:
-        """Rows of ids as given, truncated to the tokenizer's `max_length` as text is; an id
-        outside the vocabulary would index past the embedding table, so it is refused."""
+        """Rows of ids as given, less trailing padding, truncated to the tokenizer's
+        `max_length` as text is; an id outside the vocabulary would index past the embedding
+        table, so it is refused. Padding is the client's tokenizer's (a tokenizer.json that pads
+        to 128, as some exports ship): read as text, it gave another vector (cosine 0.24)."""
+        rows = [self._unpadded(list(ids), i) for i, ids in enumerate(rows)]
         for i, ids in enumerate(rows):
             if not ids:
                 raise InvalidInput(f"row {i} of token ids is empty; send at least one id")
@@ -97,6 +102,14 @@ class EncoderRows(TextPipeline[Array, Array, Res]):
                     f"token id {bad} (row {i}) is not in the vocabulary of model "
                     f"'{self.config.name}': ids run from 0 to {self.vocabulary_size - 1}")
         return [np.asarray(self._truncated(list(ids)), dtype=np.int64) for ids in rows]
+
+    def _unpadded(self, ids: list[int], row: int) -> list[int]:
+        end = len(ids)
+        while end and ids[end - 1] == self.pad_id:
+            end -= 1
+        if ids and not end:
+            raise InvalidInput(f"row {row} of token ids is only padding; send the text's ids")
+        return ids[:end]
 
     def _truncated(self, ids: list[int]) -> list[int]:
         if self.max_length is None or len(ids) <= self.max_length:

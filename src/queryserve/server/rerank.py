@@ -7,7 +7,10 @@ query as one pair of the model's batch, best first, the first `top_n` (default: 
 Documents are strings or `{"text": ...}` objects (other keys of an object are the client's
 own and ignored). `return_documents` defaults to false, as Cohere's and Infinity's do.
 
-Every malformed field is a 400 in OpenAI's error object with the field as `param`.
+Every malformed field is a 400 in OpenAI's error object with the field as `param`, and so is
+an unknown one (a misspelt `topn` was ignored, and every document returned); Cohere's length
+limits (`max_chunks_per_doc`, `max_tokens_per_doc`) are taken and not needed: a pair is cut to
+the model's `max_sequence_length`.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from queryserve.api import Inputs, PairScores, decode_texts, is_blank
+from queryserve.api import Inputs, PairScores, as_json, decode_texts, is_blank
 from queryserve.server.http import Request, Response
 from queryserve.server.openai_protocol import about, invalid, model_for
 from queryserve.server.routing import Router, json_body, json_response
 from queryserve.server.state import ServerState
 
+FIELDS = ("model", "query", "documents", "top_n", "return_documents", "max_chunks_per_doc",
+          "max_tokens_per_doc")
 EXAMPLE = ('{"model": "duplicates", "query": "sony cyber-shot dsc-w120", "documents": '
            '["sony dscw120p 7.2mp digital camera", {"text": "canon powershot a590"}], '
            '"top_n": 1}')
@@ -41,6 +46,9 @@ class RerankRoutes:
 
     async def rerank(self, request: Request) -> Response:
         body = json_body(request, EXAMPLE)
+        if unknown := [str(field) for field in body if field not in FIELDS]:
+            raise invalid(f"unknown field '{unknown[0][:80]}'; /v1/rerank takes "
+                          f"{', '.join(FIELDS)}", unknown[0][:80])
         name, model = model_for(self.state, body, PairScores, "/v1/rerank", EXAMPLE)
         with self.state.reading(model):
             query = _query(body.get("query"))
@@ -49,7 +57,7 @@ class RerankRoutes:
             return_documents = body.get("return_documents", False)
             if not isinstance(return_documents, bool):
                 raise invalid(f"'return_documents' must be true or false, got "
-                              f"{str(return_documents)[:40]}", "return_documents")
+                              f"{as_json(return_documents, 40)}", "return_documents")
         with about("documents"):
             scores = await self.state.infer(model, Inputs([query] * len(documents), documents))
         best = np.argsort(-scores.probabilities, kind="stable")[:top_n]
@@ -88,7 +96,7 @@ def _top_n(raw: object, count: int) -> int:
     if raw is None:
         return count
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise invalid(f"'top_n' must be a positive integer, got {str(raw)[:40]}", "top_n")
+        raise invalid(f"'top_n' must be a positive integer, got {as_json(raw, 40)}", "top_n")
     return min(raw, count)
 
 

@@ -30,6 +30,7 @@ from queryserve.api import (
     Label,
     SearchAnswer,
     Searches,
+    as_json,
     flag_parameter,
     integer_parameter,
 )
@@ -127,7 +128,7 @@ class SearchPipeline:
         k = integer_parameter(inputs, "k", self.steps.k, 1, MAX_K)
         catalog = inputs.parameters.get("catalog", CATALOGS[0])
         if catalog not in CATALOGS:
-            raise InvalidInput(f"'catalog' is {str(catalog)[:80]!r}; expected one of "
+            raise InvalidInput(f"'catalog' is {as_json(catalog)}; expected one of "
                                f"{', '.join(CATALOGS)}")
         spell = flag_parameter(inputs, "spell", True)
         if (misfit := self.misfit()) is not None:
