@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
@@ -22,9 +23,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from queryserve.api import Embeddings, Inputs
-from queryserve.config import MODEL_FILE, TensorSpec, load_model_config
-from queryserve.errors import ConfigError, QueryServeError
+from queryserve.api import Embeddings, Inputs, decode_texts
+from queryserve.config import MODEL_FILE, ModelConfig, TensorSpec, load_model_config
+from queryserve.errors import ConfigError, InvalidInput, QueryServeError
 from queryserve.model import Model, check_answers
 from queryserve.repository import ModelRepository, available_cores
 from queryserve.types import Array
@@ -47,14 +48,20 @@ class LocalModel(Generic[Res]):
         self.model = model
         self._loop = asyncio.new_event_loop()
         self._turn = threading.Lock()  # the loop runs one request at a time
+        self._pid = os.getpid()
 
     def infer(self, inputs: Inputs) -> Res:
-        """One request's answer."""
-        return self._run(self.model.infer(inputs))
+        """One request's answer; `inputs` checked as a front end checks a request's (a bare
+        string was read as one text a character, a blank text answered, pairs given to a
+        model of one text a row read as pairs)."""
+        return self._run(self.model.infer(_checked(inputs, self.model.config)))
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         """`work` to its end on the model's loop. Interrupted (Ctrl-C), it is cancelled: left
         queued, it slowed every later call and `close` finished it."""
+        if os.getpid() != self._pid:  # its threads and loop stayed in the parent: it hung
+            raise QueryServeError("this model was opened in another process (before a fork, "
+                                  "as multiprocessing's Pool makes them): open it in this one")
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -92,9 +99,22 @@ class LocalModel(Generic[Res]):
         return answers
 
     def close(self) -> None:
-        """Run what is queued to the end, then release the sessions and threads."""
+        """Run what is queued to the end, then release the sessions and threads. From a
+        thread that runs an event loop (Jupyter, `with` in async code), on a thread of its
+        own: there it was a bare RuntimeError, which hid the error that ended the `with`, and
+        the model's threads and sessions stayed."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._close()
+        else:
+            closing = threading.Thread(target=self._close, name="queryserve-close")
+            closing.start()
+            closing.join()
+
+    def _close(self) -> None:
         with self._turn:
-            if not self._loop.is_closed():
+            if not self._loop.is_closed() and os.getpid() == self._pid:
                 # On the loop: a model that never ran a request has no loop of its own yet.
                 self._loop.run_until_complete(_closed(self.model))
                 self._loop.close()
@@ -119,7 +139,7 @@ def open_model(folder: Path, answers: type[Res], *, threads: int | None = None,
     config = load_model_config(folder / MODEL_FILE)
     if encoder and config.pipeline == "pair_scoring":
         output = config.parameter("embedding_output", "embedding")
-        config = replace(config, pipeline="text_embedding",
+        config = replace(config, pipeline="text_embedding", inputs=config.inputs[:1],
                          outputs=(TensorSpec(output, "FP32", (-1,)),))
     # One instance on all the threads: the batches, and so int8's per-batch rounding of the
     # activations, are the same whatever the cores (a one-core Ray worker and a 16-core run of
@@ -127,9 +147,51 @@ def open_model(folder: Path, answers: type[Res], *, threads: int | None = None,
     config = replace(config, instance_group=replace(config.instance_group, count=1))
     # Checked before it is built: built first, each refusal kept a thread and its sessions.
     check_answers(config, answers, f"open_model({folder})")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise InvalidInput(f"threads must be a whole number of cores >= 1, got {threads!r}")
     repository = ModelRepository(folder.parent, cores=threads or available_cores())
-    model: Model[Any] = repository.assemble(config)
+    try:
+        model: Model[Any] = repository.assemble(config)
+    except QueryServeError:
+        raise
+    except Exception as exc:  # the libraries' own errors for broken files, as a server says
+        raise ConfigError(f"{folder} cannot be built from its files: {type(exc).__name__}: "
+                          f"{exc}"[:400]) from exc
     return LocalModel(model)
+
+
+def _checked(inputs: Inputs, config: ModelConfig) -> Inputs:
+    """`inputs` as the front ends hand a request on: texts (and pairs, for a model that takes
+    them, as many), each a non-blank string."""
+    if not isinstance(inputs, Inputs):
+        raise InvalidInput(f"infer takes an Inputs, e.g. Inputs([\"play some jazz\"]), not "
+                           f"a {type(inputs).__name__}")
+    if inputs.token_ids is not None:  # checked against the vocabulary by the model
+        return inputs
+    texts = decode_texts(_rows(inputs.texts, "texts"), "texts")
+    if not texts:
+        raise InvalidInput("Inputs.texts is empty; send at least one text")
+    takes_pairs = len(config.inputs) > 1  # a classifier may take a text alone, or a pair
+    if inputs.pairs is None:
+        if config.pipeline == "pair_scoring":
+            raise InvalidInput(f"model '{config.name}' scores pairs of texts: "
+                               "Inputs(texts, pairs)")
+        return replace(inputs, texts=texts)
+    if not takes_pairs:
+        raise InvalidInput(f"model '{config.name}' takes one text a row, not pairs")
+    pairs = decode_texts(_rows(inputs.pairs, "pairs"), "pairs")
+    if len(pairs) != len(texts):
+        raise InvalidInput(f"texts and pairs must hold as many rows; got {len(texts)} and "
+                           f"{len(pairs)}")
+    return replace(inputs, texts=texts, pairs=pairs)
+
+
+def _rows(given: object, name: str) -> list[object]:
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence | np.ndarray):
+        raise InvalidInput(f"Inputs.{name} must be a list of texts, e.g. [\"play some jazz\"]; "
+                           f"got a {type(given).__name__}")
+    return list(np.ravel(given)) if isinstance(given, np.ndarray) else list(given)
 
 
 async def _closed(model: Model[Any]) -> None:

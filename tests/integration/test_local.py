@@ -3,13 +3,16 @@ synchronously, answering exactly what it answers one request at a time."""
 
 from __future__ import annotations
 
+import re
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from queryserve.api import Classifications, Embeddings, Inputs
-from queryserve.errors import ConfigError, InvalidInput
+from queryserve.errors import ConfigError, InvalidInput, QueryServeError
 from queryserve.local import embed, open_model
 from tests.conftest import REPOSITORY, write_fake_model
 
@@ -48,3 +51,60 @@ def test_a_bi_encoder_opens_as_its_encoder() -> None:
     vectors = embed(folder, TEXTS[:5], threads=1)
     assert vectors.shape == (5, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize(("inputs", "said"), [
+    # Each was answered: 14 vectors, one a character; the vector of no text; a NaN of a
+    # pandas column a bare TypeError; pairs given to a model of one text a row read as pairs.
+    (Inputs("play some jazz"), "Inputs.texts must be a list of texts"),
+    (Inputs(["jazz", "  "]), "texts[1] is empty"),
+    (Inputs(["jazz", float("nan")]), "texts[1] must be a string, got float"),
+    (Inputs([]), "Inputs.texts is empty"),
+    (Inputs(["a"], ["b"]), "takes one text a row, not pairs"),
+    (["play some jazz"], "infer takes an Inputs"),
+])
+def test_a_request_is_checked_as_a_front_end_checks_it(tmp_path: Path, inputs: object,
+                                                       said: str) -> None:
+    write_fake_model(tmp_path, "fake")
+    with open_model(tmp_path / "fake", Embeddings, threads=1) as model, \
+            pytest.raises(InvalidInput, match=re.escape(said)):
+        model.infer(inputs)  # type: ignore[arg-type]
+
+
+def test_a_model_is_closed_from_async_code_and_refused_after_a_fork(tmp_path: Path) -> None:
+    """`with open_model(...)` in async code (Jupyter): closing was a bare RuntimeError, which
+    hid the clear error and left the model's threads and sessions; a model opened before a
+    fork hung for ever in the child."""
+    import asyncio
+    import multiprocessing
+
+    write_fake_model(tmp_path, "fake")
+
+    async def in_a_loop() -> str:
+        with pytest.raises(QueryServeError, match="this thread runs an event loop") as refused, \
+                open_model(tmp_path / "fake", Embeddings, threads=1) as model:
+            model.infer(Inputs(["jazz"]))
+        return str(refused.value)
+
+    threads = threading.active_count()
+    assert "asyncio.to_thread" in asyncio.run(in_a_loop())
+    assert threading.active_count() == threads  # closed: its instance thread ended
+    with open_model(tmp_path / "fake", Embeddings, threads=1) as model:
+        model.infer(Inputs(["warm"]))
+        fork = multiprocessing.get_context("fork")
+        reading, writing = fork.Pipe(duplex=False)
+        child = fork.Process(target=_infer_in_child, args=(model, writing))
+        child.start()
+        assert reading.poll(30), "the child hung"
+        said = reading.recv()
+        child.join(10)
+    assert "opened in another process" in said
+
+
+def _infer_in_child(model: object, answer: Any) -> None:
+    try:
+        model.infer(Inputs(["jazz"]))  # type: ignore[attr-defined]
+    except QueryServeError as exc:
+        answer.send(exc.message)
+    else:
+        answer.send("answered")
