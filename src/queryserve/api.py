@@ -15,6 +15,7 @@ import json
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 from queryserve.errors import InvalidInput
 from queryserve.types import Array
@@ -188,17 +189,19 @@ def as_json(value: object, limit: int = 80) -> str:
 
 def integer_parameter(inputs: Inputs, name: str, default: int, low: int, high: int) -> int:
     value = inputs.parameters.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    # Integral: numpy's integers too (a library caller's np.int64 `top_k` was refused, as "3")
+    if isinstance(value, bool) or not isinstance(value, Integral) \
+            or not low <= int(value) <= high:
         raise InvalidInput(f"'{name}' must be an integer from {low} to {high}, got "
                            f"{as_json(value)}")
-    return value
+    return int(value)
 
 
 def number_parameter(inputs: Inputs, name: str, default: float, low: float,
                      high: float) -> float:
     value = inputs.parameters.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not low <= value <= high:
+    if isinstance(value, bool) or not isinstance(value, Real) \
+            or not low <= float(value) <= high:
         raise InvalidInput(f"'{name}' must be a number from {low:g} to {high:g}, got "
                            f"{as_json(value)}")
     return float(value)

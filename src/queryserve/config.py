@@ -81,6 +81,17 @@ class TensorSpec:
     dims: tuple[int, ...]
 
 
+SEARCH_OUTPUTS = (
+    TensorSpec("corrected", "BYTES", (1,)), TensorSpec("intent", "BYTES", (1,)),
+    TensorSpec("results", "BYTES", (1,)), TensorSpec("searched", "BYTES", (1,)),
+    TensorSpec("spell_score", "FP32", (1,)), TensorSpec("intent_score", "FP32", (1,)),
+    TensorSpec("intent_confident", "BOOL", (1,)), TensorSpec("skipped", "BYTES", (1,)))
+"""The search ensemble's outputs, a row a query: what `/v1/search` answers, so that a KServe
+client can tell "showing results for" (`searched` is the correction) from "did you mean" (it
+is the query as typed), and an unsure intent from a sure one. A score the step did not give
+(off, or skipped when it could not answer in time: `skipped`, comma-separated) is NaN."""
+
+
 @dataclass(frozen=True, slots=True)
 class DynamicBatching:
     preferred_batch_size: tuple[int, ...] = ()
@@ -360,8 +371,7 @@ class _Reader:
         return ModelConfig(
             name=name, path=self.path.parent, backend="ensemble", pipeline="search",
             max_batch_size=64, inputs=(query,),
-            outputs=tuple(TensorSpec(n, "BYTES", (1,))
-                          for n in ("corrected", "intent", "results")),
+            outputs=SEARCH_OUTPUTS,
             ensemble=SearchSteps(
                 embed=steps["embed"], spell=steps.get("spell"), intent=steps.get("intent"),
                 index=self.path.parent / index,

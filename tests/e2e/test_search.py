@@ -141,7 +141,9 @@ def test_search_is_a_kserve_ensemble_model(real_server: RunningServer) -> None:
     assert client.is_model_ready("search")
     metadata = client.get_model_metadata("search")
     assert metadata["platform"] == "ensemble"
-    assert [o["name"] for o in metadata["outputs"]] == ["corrected", "intent", "results"]
+    assert [o["name"] for o in metadata["outputs"]] == [
+        "corrected", "intent", "results", "searched", "spell_score", "intent_score",
+        "intent_confident", "skipped"]
     steps = client.get_model_config("search")["ensemble_scheduling"]["step"]
     assert [s["model_name"] for s in steps] == ["spell", "embed", "intent"]
     queries = ["taylor swfit shak it off", "blank spase"]
@@ -161,9 +163,17 @@ def test_search_is_a_kserve_ensemble_model(real_server: RunningServer) -> None:
     assert {b["batch_size"] for b in after["batch_stats"]} >= {2}
     corrected = [v.decode() for v in result.as_numpy("corrected").ravel()]
     assert corrected == ["taylor swift shake it off", "blank space"]
-    for query, text in zip(queries, result.as_numpy("results").ravel(), strict=True):
+    for i, query in enumerate(queries):
         expected = httpx.post(f"{real_server.url}/v1/search", json={"query": query}).json()
-        assert json.loads(text) == expected["results"]
+        assert json.loads(result.as_numpy("results")[i, 0]) == expected["results"]
+        # What a page needs to say "showing results for" or "did you mean", and whether to
+        # assert the intent, as /v1/search says it (a KServe client had the correction only).
+        assert result.as_numpy("searched")[i, 0].decode() == expected["searched"]
+        assert result.as_numpy("spell_score")[i, 0] == pytest.approx(expected["spell_score"])
+        assert result.as_numpy("intent_score")[i, 0] == pytest.approx(
+            expected["intent"]["score"], abs=0.05)  # int8: its batch-mates move it a little
+        assert result.as_numpy("skipped")[i, 0].decode() == ",".join(expected["skipped"])
+    assert result.as_numpy("intent_confident").dtype == np.bool_
     missing = httpx.post(f"{real_server.url}/v2/models/search/infer",
                          json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1],
                                            "data": ["x"]}]})

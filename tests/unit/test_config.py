@@ -128,7 +128,9 @@ def test_the_search_ensemble_is_read_as_a_model(tmp_path: Path) -> None:
         tmp_path, "spell: spell\nembed: embed\nintent: intent\nk: 5\nmin_score: 0.7\n"))
     assert config.name == "search" and config.backend == "ensemble"
     assert [t.name for t in config.inputs] == ["query"]
-    assert [t.name for t in config.outputs] == ["corrected", "intent", "results"]
+    assert [t.name for t in config.outputs] == [
+        "corrected", "intent", "results", "searched", "spell_score", "intent_score",
+        "intent_confident", "skipped"]
     assert config.ensemble is not None
     assert config.ensemble.models() == ("spell", "embed", "intent")
     assert config.ensemble.k == 5 and config.ensemble.min_score == 0.7

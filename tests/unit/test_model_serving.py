@@ -106,6 +106,11 @@ def test_a_local_model_as_a_notebook_uses_it(tmp_path: Path) -> None:
     with ThreadPoolExecutor(3) as pool:
         answers = list(pool.map(lambda text: local.infer(Inputs([text])), ["a", "b", "c"]))
     assert [a.probabilities.shape for a in answers] == [(1, 4)] * 3
+    # numpy's numbers as options (np.int64 was refused, quoted as "2").
+    import numpy as np
+
+    top = local.infer(Inputs(["a"], parameters={"top_k": np.int64(2)})).top
+    assert len(top[0]) == 2
 
     # From code running a loop (Jupyter), said what to do ("Cannot run the event loop while
     # another loop is running").

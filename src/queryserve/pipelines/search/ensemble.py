@@ -14,6 +14,7 @@ degrade, not fail, when an optional model is overloaded.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -146,10 +147,20 @@ class SearchPipeline:
             array[:, 0] = values
             return array
 
+        def numbers(values: list[float | None]) -> Array:
+            return np.array([[math.nan if v is None else v] for v in values], dtype=np.float32)
+
         answers = result.answers
         return {"corrected": column([a.corrected for a in answers]),
                 "intent": column([a.intent.name if a.intent else "" for a in answers]),
-                "results": column([orjson.dumps(a.results).decode() for a in answers])}
+                "results": column([orjson.dumps(a.results).decode() for a in answers]),
+                "searched": column([a.searched for a in answers]),
+                "spell_score": numbers([a.spell_score for a in answers]),
+                "intent_score": numbers([a.intent.score if a.intent else None
+                                         for a in answers]),
+                "intent_confident": np.array([[bool(a.intent and a.intent.confident)]
+                                              for a in answers], dtype=np.bool_),
+                "skipped": column([",".join(a.skipped) for a in answers])}
 
     async def _search(self, query: str, k: int, index: CatalogIndex, spell: bool,
                       timeout_s: float | None) -> SearchAnswer:
