@@ -108,6 +108,33 @@ def test_refusals_are_counted_in_metrics(guarded: tuple[RunningServer, Path]) ->
     assert metric(server, "queryserve_auth_failures_total") == before + 3
 
 
+def test_a_request_without_the_key_is_refused_before_its_body_is_read(
+        guarded: tuple[RunningServer, Path]) -> None:
+    """Checked after the body, a client with no key had up to --max-body-bytes read (and
+    parsed, with an access log) before its 401, and was invited by `100 Continue` to send it.
+    Now the head decides: 401 at once, no 100, the connection closed, the refusal counted once
+    and logged."""
+    server, access_log = guarded
+    before = metric(server, "queryserve_auth_failures_total")
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json"
+            b"\r\ncontent-length: 8000000\r\nx-request-id: head-refused\r\n")
+    for expect in (b"", b"expect: 100-continue\r\n"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(head + expect + b"\r\n")  # and not a byte of the body
+            started = time.monotonic()
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes after its answer
+                answer += chunk
+        assert time.monotonic() - started < 2
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+        assert b"100 Continue" not in answer and b"www-authenticate: bearer" in answer.lower()
+    assert metric(server, "queryserve_auth_failures_total") == before + 2
+    lines = [orjson.loads(line) for line in access_log.read_text().splitlines()]
+    refused = [line for line in lines if line.get("id") == "head-refused"]
+    assert len(refused) == 2 and {line["status"] for line in refused} == {401}
+    assert {line["method"] for line in refused} == {"POST"}
+
+
 def test_a_cross_origin_page_cannot_unload_a_model(guarded: tuple[RunningServer, Path]) -> None:
     """The attack from the issue: a `text/plain` POST (a "simple" request, sent without a
     preflight) from a page on another origin. Refused even with a valid key."""

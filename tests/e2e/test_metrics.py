@@ -209,9 +209,10 @@ def test_every_bad_request_to_a_model_is_counted_invalid(server: RunningServer) 
      % (MAX_BODY_BYTES + 1), 413, "body_too_large"),
     # A head that never ends (slowloris): 408 after the header timeout.
     (b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n", 408, "header_timeout"),
-    # A body that stops arriving: 408 after the read timeout.
-    (b"POST /v2/models/fake/infer HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 10\r\n\r\n{",
-     408, "read_timeout"),
+    # A body that stops arriving: 408 after the read timeout (with the key: without it, the
+    # head is refused 401 before any of the body is waited for).
+    (b"POST /v2/models/fake/infer HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer "
+     + KEY.encode() + b"\r\ncontent-length: 10\r\n\r\n{", 408, "read_timeout"),
 ], ids=["request-line", "header-line", "header-size", "url-size", "body-size", "head-timeout",
         "body-timeout"])
 def test_a_request_refused_by_the_transport_is_counted_by_reason(

@@ -103,6 +103,26 @@ class ServerApp:
                                   0.0)
         return response
 
+    def screen(self, method: str, path: str, headers: dict[str, str]) -> Response | None:
+        """A request refused from its head alone (`http_types.Screen`): the Host, the Origin
+        and the key, as `_guarded` checks them after the body (which then finds them passed).
+        A CORS preflight is let on: the route answers it, key or none."""
+        origin = headers.get("origin")
+        preflight = method == "OPTIONS" and "access-control-request-method" in headers
+        if not (self.state.auth.guarding or origin is not None) or preflight:
+            return None
+        try:
+            self._check_head(path, headers, origin)
+        except QueryServeError as exc:
+            response = error_response(path, exc)
+            request_id = self.request_ids.of(headers.get("x-request-id"))
+            self._sign(response, request_id, origin)
+            if self.access_log is not None:
+                self.access_log.write(Request(method, path, "", headers, b"", request_id),
+                                      response, 0.0)
+            return response
+        return None
+
     def _sign(self, response: Response, request_id: str, origin: str | None) -> None:
         """What every answer carries: its request id, and CORS headers for an allowed page."""
         response.headers.append(("x-request-id", request_id))
@@ -111,19 +131,29 @@ class ServerApp:
             response.headers.extend(auth.cors_headers(origin))
 
     async def _guarded(self, request: Request, origin: str | None) -> Response:
-        """The Host and Origin checks, a CORS preflight's answer, the API key; then the route."""
+        """A CORS preflight's answer, or the Host and Origin checks and the API key (the
+        transport's `screen` ran them on the head: here, for a request handed to the app
+        directly); then the route."""
+        headers = request.headers
+        if origin is not None and request.method == "OPTIONS" and \
+                "access-control-request-method" in headers:
+            auth = self.state.auth
+            auth.check_host(headers.get("host"))
+            auth.check_origin(origin, headers.get("host"))
+            return Response(204, headers=auth.preflight_headers(
+                headers.get("access-control-request-headers", "")))
+        self._check_head(request.path, headers, origin)
+        return await self.router(request)
+
+    def _check_head(self, path: str, headers: dict[str, str], origin: str | None) -> None:
+        """The Host and Origin checks and the API key, each refusal its own error."""
         auth = self.state.auth
-        host = request.headers.get("host")
+        host = headers.get("host")
         auth.check_host(host)
         if origin is not None:
             auth.check_origin(origin, host)
-            if request.method == "OPTIONS" and \
-                    "access-control-request-method" in request.headers:
-                return Response(204, headers=auth.preflight_headers(
-                    request.headers.get("access-control-request-headers", "")))
-        if not (request.path.startswith(PUBLIC_PREFIX) or request.path in pages.PAGES):
-            auth.check_key(request.headers.get("authorization"))
-        return await self.router(request)
+        if not (path.startswith(PUBLIC_PREFIX) or path in pages.PAGES):
+            auth.check_key(headers.get("authorization"))
 
 
 def error_response(path: str, error: QueryServeError) -> Response:

@@ -32,6 +32,7 @@ from queryserve.server.http_types import (
     Refusal,
     RejectionReason,
     Request,
+    Screen,
 )
 from queryserve.server.request_parser import RequestParser
 from queryserve.server.response_queue import ResponseQueue
@@ -61,6 +62,7 @@ class ConnectionOwner(Protocol):
 
     handler: Handler
     refusal: Refusal  # how an answer the transport gives itself is worded
+    screen: Screen | None  # what the application refuses from a request's head alone
     limits: HttpLimits
     loop: asyncio.AbstractEventLoop
     date: bytes  # the `date` header line, renewed each second
@@ -219,6 +221,21 @@ class HttpConnection(asyncio.Protocol):
 
     def continue_expected(self) -> None:
         self.responses.send_continue()
+
+    def screened(self) -> bool:
+        screen = self.server.screen
+        if screen is None:
+            return False
+        parser = self.parser
+        answer = screen(parser.method(), parser.target[0], parser.headers)
+        if answer is None:
+            return False
+        # Refused as the transport refuses (answered after what is pipelined before it, then
+        # closed), and counted by the access control, not as a malformed request.
+        self.rejected = True
+        self.unparsed = b""
+        self.responses.refuse(answer)
+        return True
 
     def upgrade_requested(self) -> None:
         if self.responses.busy:

@@ -42,6 +42,7 @@ from queryserve.server.http_types import (
     RejectionReason,
     Request,
     Response,
+    Screen,
     json_error,
     plain_refusal,
 )
@@ -75,9 +76,11 @@ class HttpServer:
     listener: asyncio.Server
 
     def __init__(self, handler: Handler, limits: HttpLimits,
-                 share: ConnectionShare | None = None, refusal: Refusal = plain_refusal) -> None:
+                 share: ConnectionShare | None = None, refusal: Refusal = plain_refusal,
+                 screen: Screen | None = None) -> None:
         self.handler = handler
         self.refusal = refusal
+        self.screen = screen
         self.limits = limits
         self.share = share  # with workers: the connections each of them holds
         self.rebalanced = 0  # connections closed after an answer to even out the workers
@@ -218,11 +221,12 @@ class HttpServer:
 
 async def start_http_server(handler: Handler, host: str, port: int, limits: HttpLimits,
                             share: ConnectionShare | None = None,
-                            refusal: Refusal = plain_refusal) -> HttpServer:
+                            refusal: Refusal = plain_refusal,
+                            screen: Screen | None = None) -> HttpServer:
     """Listen on `host:port`; with a `share`, beside the server's other workers on the same
     port (SO_REUSEPORT: the kernel spreads new connections over them), each handing back
     connections while it holds more than its share of them."""
-    server = HttpServer(handler, limits, share, refusal)
+    server = HttpServer(handler, limits, share, refusal, screen)
     server.listener = await server.loop.create_server(
         lambda: HttpConnection(server), host, port, reuse_address=True,
         reuse_port=share is not None,

@@ -135,6 +135,11 @@ def json_error(status: int, message: str) -> Response:
     return Response(status, orjson.dumps({"error": message}))
 
 
+Screen = Callable[[str, str, dict[str, str]], "Response | None"]
+"""What the application refuses from a request's head alone (method, path, headers): the API
+key, the Host, the Origin. Its answer goes out before the body is read (and before `100
+Continue`); None lets the request on. Checked after the body, a client with no key had 8 MiB
+read (and, with an access log, parsed) before its 401."""
 Refusal = Callable[[str, dict[str, str], int, str], Response]
 """How the application words an error that the transport answers itself (a malformed request,
 a body over the limit, a read timeout): from the request's path and headers as far as they

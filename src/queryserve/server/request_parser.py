@@ -72,6 +72,11 @@ class RequestSink(Protocol):
         """The request head asks for `100 Continue` before it sends its body."""
         ...
 
+    def screened(self) -> bool:
+        """The request's head is whole: whether the application refused it from the head
+        alone (then it is answered, and nothing more is read)."""
+        ...
+
     def upgrade_requested(self) -> None:
         """The request asks for another protocol; the parser reads nothing after it."""
         ...
@@ -110,6 +115,7 @@ class RequestParser:
         self.chunked_fed = -1  # bytes fed since a chunked body's head began; -1: none
         self.chunks = 0
         self.http10 = False  # the request is HTTP/1.0 (its keep-alive must be said)
+        self.target = ("/", "")  # the request's path (decoded) and query, from its head
 
     def tiny_chunks(self) -> bool:
         """The body being read came in hundreds of chunks of a few bytes each (the transport
@@ -159,6 +165,25 @@ class RequestParser:
     def path(self) -> str:
         """The request's path as far as it was read (for a refusal's wording); "" if none."""
         return self.url.split(b"?", 1)[0].decode("latin-1")
+
+    def method(self) -> str:
+        return self.parser.get_method().decode("ascii")
+
+    def _target(self) -> tuple[str, str]:
+        """The path (decoded) and query of the request's target, read once its head is whole
+        (the application screens the head: `RequestSink.screened`)."""
+        try:
+            parsed = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            self._refuse(400, f"request target {self.url[:200]!r} is not a path", "bad_request")
+        # An absolute-form target with no path ("http://host") means "/"; its authority is
+        # the request's host, whatever Host says (RFC 9112 3.2.2): the Host check reads it.
+        path = parsed.path.decode("utf-8", "replace") if parsed.path else "/"
+        if parsed.host:
+            host = parsed.host.decode("latin-1")
+            self.headers["host"] = f"{host}:{parsed.port}" if parsed.port else host
+        return (_decoded(path) if "%" in path else path,
+                (parsed.query or b"").decode("utf-8", "replace"))
 
     def _upgrade_body(self, data: bytes | memoryview) -> None:
         assert self.upgrading is not None
@@ -242,6 +267,9 @@ class RequestParser:
                 self._refuse(400, "a chunked body with Upgrade is not read: this server "
                                   "speaks HTTP/1.1; send it without Upgrade", "upgrade")
             self.chunked_fed = 0
+        self.target = self._target()
+        if self.sink.screened():
+            raise _Stop
         expect = self.headers.get("expect")
         if expect is not None:
             if expect.lower() != "100-continue":
@@ -281,20 +309,11 @@ class RequestParser:
         self.chunked_fed = -1
         if self.sink.rejected:
             return
-        try:
-            parsed = httptools.parse_url(self.url)
-        except httptools.HttpParserInvalidURLError:
-            self._refuse(400, f"request target {self.url[:200]!r} is not a path", "bad_request")
-        # An absolute-form target with no path ("http://host") means "/"; its authority is
-        # the request's host, whatever Host says (RFC 9112 3.2.2): the Host check reads it.
-        path = parsed.path.decode("utf-8", "replace") if parsed.path else "/"
-        if parsed.host:
-            host = parsed.host.decode("latin-1")
-            self.headers["host"] = f"{host}:{parsed.port}" if parsed.port else host
+        path, query = self.target
         request = Request(
-            method=self.parser.get_method().decode("ascii"),
-            path=_decoded(path) if "%" in path else path,
-            query=(parsed.query or b"").decode("utf-8", "replace"),
+            method=self.method(),
+            path=path,
+            query=query,
             headers=self.headers,
             body=self.body if isinstance(self.body, bytes) else bytes(self.body),
         )

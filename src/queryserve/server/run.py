@@ -291,7 +291,8 @@ async def _listen(app: ServerApp, options: ServeOptions) -> Listeners:
     shared = options.seat is not None  # workers share the port (SO_REUSEPORT)
     try:
         server = await start_http_server(app, options.host, options.port, options.http,
-                                         share=options.seat, refusal=app.refused)
+                                         share=options.seat, refusal=app.refused,
+                                         screen=app.screen)
     except OSError as exc:  # the port is taken, the address is not this machine's
         raise ServeError(f"cannot listen on {options.host}:{options.port}: "
                          f"{exc.strerror or exc}") from None
