@@ -444,21 +444,25 @@ def test_a_signal_during_a_slow_load_exits_within_the_drain_timeout(tmp_path: Pa
         process.kill()
 
 
+@pytest.mark.parametrize("front_end", ["http", "grpc"])
 def test_work_still_running_at_the_drain_deadline_is_answered_503_and_the_exit_is_0(
-        tmp_path: Path) -> None:
+        tmp_path: Path, front_end: str) -> None:
     """A request still in ONNX Runtime at `--drain-timeout`: its client got no answer (the
     connection closed), and the interpreter's exit met the batch still running on its thread
     ("terminate called": exit -6 in 4 runs of 4; with --workers the supervisor exited 1).
-    Now what is left is answered 503 (sent again elsewhere), and the process exits 0."""
+    Now what is left is answered 503 (sent again elsewhere), and the process exits 0. Over
+    gRPC alone, the call was cancelled by grpc's grace period ending with the drain's; it is
+    now answered UNAVAILABLE first, as HTTP is."""
     (tmp_path / "embed").mkdir()
     for file in (REPOSITORY / "embed").iterdir():
         (tmp_path / "embed" / file.name).symlink_to(file)
     log = tmp_path / "server.log"
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "queryserve", "serve", "--repository", str(tmp_path),
-             "--http", f"127.0.0.1:{port}", "--grpc", "off", "--drain-timeout", "1"],
+             "--http", f"127.0.0.1:{port}", "--grpc", f"127.0.0.1:{grpc_port}",
+             "--drain-timeout", "1"],
             stdout=sink, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -473,19 +477,42 @@ def test_work_still_running_at_the_drain_deadline_is_answered_503_and_the_exit_i
         answers: list[httpx.Response] = []
         client = threading.Thread(target=lambda: answers.append(
             httpx.post(f"{url}/v1/embeddings", json=body, timeout=60)))
-        client.start()
+        grpc_said: list[str] = []
+        grpc_client = threading.Thread(target=lambda: grpc_said.append(
+            _grpc_refusal(f"127.0.0.1:{grpc_port}", body["input"])))
+        (client if front_end == "http" else grpc_client).start()
         time.sleep(0.5)  # 1,024 texts of 256 tokens: seconds of work
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0, log.read_text()[-2000:]
-        client.join(timeout=20)
-        assert answers and answers[0].status_code == 503, log.read_text()[-2000:]
-        assert answers[0].headers["retry-after"] == "1"
-        assert "send it again" in answers[0].json()["error"]["message"]
+        if front_end == "http":
+            client.join(timeout=20)
+            assert answers and answers[0].status_code == 503, log.read_text()[-2000:]
+            assert answers[0].headers["retry-after"] == "1"
+            assert "send it again" in answers[0].json()["error"]["message"]
+        else:
+            grpc_client.join(timeout=20)
+            assert grpc_said and grpc_said[0].startswith("StatusCode.UNAVAILABLE"), grpc_said
+            assert "send it again" in grpc_said[0]
         said = log.read_text()
         assert "terminate called" not in said and "Traceback" not in said
         assert "given up on, their requests answered 503" in said
     finally:
         process.kill()
+
+
+def _grpc_refusal(address: str, texts: list[str]) -> str:
+    """The status and message a long gRPC infer of `texts` to `embed` ends with."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    text = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
+    text.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+    try:
+        grpcclient.InferenceServerClient(address).infer("embed", [text], client_timeout=60)
+    except InferenceServerException as exc:
+        return f"{exc.status()}: {exc.message()}"
+    return "answered"
 
 
 def test_serve_raises_its_file_limit_and_warns_of_a_cap_past_half_of_it(

@@ -49,7 +49,8 @@ from queryserve.server.http_types import (
 from queryserve.server.response_queue import MAX_PIPELINED
 
 __all__ = [
-    "DRAIN_TIMEOUT_S", "FEED_BYTES", "HEADER_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_BODY_BYTES",
+    "ANSWER_AT_DEADLINE_S", "DRAIN_TIMEOUT_S", "FEED_BYTES", "HEADER_TIMEOUT_S",
+    "IDLE_TIMEOUT_S", "MAX_BODY_BYTES",
     "MAX_CONNECTION_AGE_S", "MAX_HEADER_BYTES", "MAX_PIPELINED", "MAX_URL_BYTES",
     "READ_TIMEOUT_S", "REJECTION_REASONS",
     "Handler", "HttpConnection", "HttpLimits", "HttpServer", "Refusal", "RejectionReason",

@@ -30,7 +30,13 @@ from queryserve.errors import ServeError
 from queryserve.repository import ModelRepository
 from queryserve.server.access_log import AccessLog
 from queryserve.server.app import ServerApp
-from queryserve.server.http import DRAIN_TIMEOUT_S, HttpLimits, HttpServer, start_http_server
+from queryserve.server.http import (
+    ANSWER_AT_DEADLINE_S,
+    DRAIN_TIMEOUT_S,
+    HttpLimits,
+    HttpServer,
+    start_http_server,
+)
 from queryserve.server.security import AccessControl, binds_loopback
 from queryserve.server.state import Limits, ServerState
 from queryserve.server.tracing import Tracing
@@ -278,12 +284,20 @@ class Listeners:
     async def shutdown(self, timeout_s: float,
                        at_deadline: Callable[[], None] | None = None) -> int:
         """Both drained at once; the HTTP requests still unanswered at the deadline, once
-        `at_deadline` has had those still waiting answered."""
-        grpc_drained = (asyncio.ensure_future(self.grpc.shutdown(timeout_s))
-                        if self.grpc is not None else None)
+        `at_deadline` has had those still waiting answered. gRPC's calls are cancelled
+        `ANSWER_AT_DEADLINE_S` after it, so that they are answered as HTTP's are (UNAVAILABLE,
+        "send it again"), not only cancelled by grpc's grace period."""
+        grpc_drained = deadline = None
+        if self.grpc is not None:
+            grpc_drained = asyncio.ensure_future(
+                self.grpc.shutdown(timeout_s + ANSWER_AT_DEADLINE_S))
+            if at_deadline is not None:  # HTTP's calls it only while HTTP has work left
+                deadline = asyncio.get_running_loop().call_later(timeout_s, at_deadline)
         unanswered = await self.http.shutdown(timeout_s, at_deadline)
         if grpc_drained is not None:
             await grpc_drained
+        if deadline is not None:
+            deadline.cancel()  # drained before it
         return unanswered
 
 
