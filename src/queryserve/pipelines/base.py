@@ -254,22 +254,23 @@ class TextPipeline(ABC, Generic[P, R, Res]):
         never fills the queue, and a request that arrives meanwhile waits one batch, not the
         whole request. The first turn passes admission control; the rest of an admitted
         request is never refused."""
-        scheduler = self.scheduler
         work = RequestWork()  # counted once the request is answered, as Triton counts
+        rows = await self._queued(payloads, counts, timeout_s, work)
+        self.stats.record_work(work)
+        return rows
+
+    async def _queued(self, payloads: list[P], counts: list[int], timeout_s: float | None,
+                      work: RequestWork) -> list[R]:
+        scheduler = self.scheduler
         if len(payloads) == 1:  # the search bar's case: no turns, no gather
-            row = await scheduler.submit(payloads, counts, timeout_s, work=work)[0]
-            self.stats.record_work(work)
-            return [row]
+            return [await scheduler.submit(payloads, counts, timeout_s, work=work)[0]]
         if len(payloads) <= scheduler.turn_items:
-            rows = await self._run_turns(payloads, counts, timeout_s, work)
-            self.stats.record_work(work)
-            return rows
+            return await self._run_turns(payloads, counts, timeout_s, work)
         # Many turns: queued shortest first, so that each turn's batches hold texts of about
         # one length (the batcher sorts only the window it sees), then put back in order.
         order = sorted(range(len(payloads)), key=counts.__getitem__)
         rows = await self._run_turns([payloads[i] for i in order], [counts[i] for i in order],
                                      timeout_s, work)
-        self.stats.record_work(work)
         ordered: list[R] = [rows[0]] * len(rows)
         for position, row in zip(order, rows, strict=True):
             ordered[position] = row

@@ -217,6 +217,7 @@ class HttpConnection(asyncio.Protocol):
             self.unparsed = b""
         elif self.parser.http10:  # kept alive because it asked: the answer says so
             self.responses.announce_keep_alive = True
+        request.screened = self.server.screen is not None  # it passed: it was refused else
         self.responses.add(request, keep_alive)
 
     def continue_expected(self) -> None:

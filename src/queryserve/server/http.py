@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from email.utils import formatdate
 
 from queryserve.server.connection import FEED_BYTES, HttpConnection
@@ -188,13 +187,12 @@ class HttpServer:
         if self._drained is not None and not self.live:
             self._drained.set()
 
-    async def shutdown(self, timeout_s: float,
-                       at_deadline: Callable[[], None] | None = None) -> int:
+    async def shutdown(self, timeout_s: float, answer_s: float = 0.0) -> int:
         """Stop listening, close idle connections, let busy ones answer every request they have
         read (the last answer says `connection: close`), and close whatever is left after
-        `timeout_s`, once `at_deadline` has had the requests still waiting answered (up to
-        `ANSWER_AT_DEADLINE_S` more). Returns how many requests were still unanswered then (0
-        when drained)."""
+        `timeout_s`, and `answer_s` more for the answers the deadline itself gives (the
+        requests given up on then, answered 503). Returns how many requests were still
+        unanswered then (0 when drained)."""
         self.draining = True
         self.listener.close()  # its wait_closed() returns at once under uvloop: we track our own
         self._drained = drained = asyncio.Event()
@@ -203,10 +201,9 @@ class HttpServer:
         if self.live:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(drained.wait(), timeout_s)
-        if self.live and at_deadline is not None:
-            at_deadline()
+        if self.live and answer_s:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(drained.wait(), ANSWER_AT_DEADLINE_S)
+                await asyncio.wait_for(drained.wait(), answer_s)
         unanswered = self.unanswered
         for connection in list(self.live):
             connection.abort()

@@ -118,6 +118,8 @@ class Request:
     """The request id (`x-request-id`, taken or made), set by the application."""
     model: str | None = None
     """The model a route names in its path, set by the router (for the access log)."""
+    screened: bool = False
+    """Its head passed the application's `Screen` (the transport ran it): not checked again."""
 
 
 @dataclass(slots=True)

@@ -283,21 +283,20 @@ class Listeners:
 
     async def shutdown(self, timeout_s: float,
                        at_deadline: Callable[[], None] | None = None) -> int:
-        """Both drained at once; the HTTP requests still unanswered at the deadline, once
-        `at_deadline` has had those still waiting answered. gRPC's calls are cancelled
-        `ANSWER_AT_DEADLINE_S` after it, so that they are answered as HTTP's are (UNAVAILABLE,
-        "send it again"), not only cancelled by grpc's grace period."""
-        grpc_drained = deadline = None
-        if self.grpc is not None:
-            grpc_drained = asyncio.ensure_future(
-                self.grpc.shutdown(timeout_s + ANSWER_AT_DEADLINE_S))
-            if at_deadline is not None:  # HTTP's calls it only while HTTP has work left
-                deadline = asyncio.get_running_loop().call_later(timeout_s, at_deadline)
-        unanswered = await self.http.shutdown(timeout_s, at_deadline)
+        """Both drained at once; the HTTP requests still unanswered at the deadline. There
+        `at_deadline` has what still waits answered (HTTP 503, gRPC UNAVAILABLE: "send it
+        again"), and both get `ANSWER_AT_DEADLINE_S` more to write those answers before their
+        connections close (gRPC's calls were cancelled by its grace period alone)."""
+        deadline = (asyncio.get_running_loop().call_later(timeout_s, at_deadline)
+                    if at_deadline is not None else None)
+        answer_s = ANSWER_AT_DEADLINE_S if at_deadline is not None else 0.0
+        grpc_drained = (asyncio.ensure_future(self.grpc.shutdown(timeout_s + answer_s))
+                        if self.grpc is not None else None)
+        unanswered = await self.http.shutdown(timeout_s, answer_s)
         if grpc_drained is not None:
             await grpc_drained
         if deadline is not None:
-            deadline.cancel()  # drained before it
+            deadline.cancel()  # all drained before it
         return unanswered
 
 

@@ -76,9 +76,9 @@ class _Slot:
     deaths: int = 0
     """Deaths in a row, served or not, none after serving `STEADY_S`: the back-off's step."""
     restart_at: float | None = None
-    served: bool = False
-    """The process in it got as far as serving (seen on its byte of `serving`)."""
     serving_since: float | None = None
+    """When the process in it was first seen serving (on its byte of `serving`); None: not
+    yet."""
     stuck: bool = False
     """Killed for a loop that stopped turning (`Supervisor._kill_stuck`)."""
 
@@ -143,8 +143,7 @@ class Supervisor:
             target=_worker_main, name=f"queryserve-worker-{slot.worker}",
             args=(dataclasses.replace(options, seat=seat), self.log_level, os.getpid()))
         process.start()
-        slot.process, slot.restart_at, slot.served, slot.stuck = process, None, False, False
-        slot.serving_since = None
+        slot.process, slot.restart_at, slot.serving_since, slot.stuck = process, None, None, False
         log.info("worker %d started (pid %d)", slot.worker, process.pid)
 
     def _watch(self, options: ServeOptions, folder: Path) -> int:
@@ -157,8 +156,8 @@ class Supervisor:
             for sentinel in wait(list(running), timeout=POLL_S):
                 self._ended(running[sentinel])  # type: ignore[index]  # sentinels are ints
             for slot in self.slots:
-                if not slot.served and self.serving[slot.worker]:
-                    slot.served, slot.serving_since = True, time.monotonic()
+                if slot.serving_since is None and self.serving[slot.worker]:
+                    slot.serving_since = time.monotonic()
             if not self.stopping:
                 self._kill_stuck()
                 self._restart_due(options, folder)
@@ -179,7 +178,7 @@ class Supervisor:
         assert process is not None
         process.join()
         code = process.exitcode if process.exitcode is not None else 1
-        served = slot.served or bool(self.serving[slot.worker])
+        served = slot.serving_since is not None or bool(self.serving[slot.worker])
         self.serving[slot.worker] = 0  # it may have died without saying so
         self.connections[slot.worker] = 0  # and its connections died with it
         if self.stopping:
