@@ -134,6 +134,27 @@ def test_search_corrects_embeds_and_finds_the_song(real_server: RunningServer) -
         assert bad.status_code == 400 and words in bad.json()["error"], bad.text
 
 
+def test_a_correction_to_another_catalogs_word_is_only_offered(
+        real_server: RunningServer) -> None:
+    # One corrector serves both catalogs, and its language model learned both: "levi's jeans"
+    # is corrected to the song "Levii's Jeans", sure (0.9999). In the songs it is searched; in
+    # the products, where no item says "levii's", it is only offered.
+    def search(query: str, catalog: str) -> dict[str, Any]:
+        answer = httpx.post(f"{real_server.url}/v1/search", timeout=30,
+                            json={"query": query, "catalog": catalog, "k": 3})
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    songs, products = search("levi's jeans", "songs"), search("levi's jeans", "products")
+    for body in (songs, products):
+        assert body["corrected"] == "levii's jeans" and body["spell_score"] >= 0.5
+    assert songs["searched"] == "levii's jeans" and products["searched"] == "levi's jeans"
+    assert songs["results"][0]["title"] == "Levii's Jeans"
+    # A correction to words the products use is searched there ("usb-c" is no typo at all).
+    assert search("samsng tv", "products")["searched"] == "samsung tv"
+    assert search("usb-c cable", "products")["searched"] == "usb-c cable"
+
+
 def test_search_is_a_kserve_ensemble_model(real_server: RunningServer) -> None:
     import tritonclient.http as triton
 

@@ -56,6 +56,21 @@ def test_stray_underscores_and_hyphens_are_typos_but_inner_hyphens_are_words(
     assert [c.corrected for c in fixed] == ["passion pit", "taylor swift", "x-men"]
 
 
+def test_a_hyphenated_word_is_corrected_part_by_part() -> None:
+    # Words typed with a hyphen between them were typed apart on purpose: "usb-c" had become
+    # "usb" (two deletions from a common word), "e-mail" "email" and "a-ha" "a-yo" (a known
+    # part, "ha", replaced whole), while a typo inside a part is a typo ("wi-fu" is "wi-fi"),
+    # and so is a hyphen inside a word ("wea-ther") or at its end ("cable-").
+    catalog = [*CATALOG, "usb cable", "usb cable", "usb hub", "wi-fi router", "email",
+               "a-yo lady gaga", "a-yo", "ha ha ha", "take on me a-ha", "mail order",
+               "vitamin e", "c batteries", "weather"]
+    channel = NoisyChannel(ChannelTables.learn(catalog, [], NoiseModel.learn(TYPOS)))
+    fixed = channel.correct(["usb-c cable", "e-mail", "a-ha", "wi-fu router", "usb cable-",
+                             "wea-ther"])
+    assert [c.corrected for c in fixed] == ["usb-c cable", "e-mail", "a-ha", "wi-fi router",
+                                            "usb cable", "weather"]
+
+
 def test_saved_tables_correct_as_the_learned_ones(channel: NoisyChannel, tmp_path: Path) -> None:
     channel.tables.save(tmp_path)
     loaded = NoisyChannel.load(tmp_path)

@@ -182,9 +182,7 @@ class NoisyChannel:
             # Model numbers, years, "(live" and "kids'" are typed as meant: their digits and
             # punctuation are not typos, and the catalog spells them every which way.
             return ((typed, 0.0),)
-        near, medium, far = self.parameters.max_distance
-        reach = 1 if typed in self.unigrams else \
-            near if len(typed) <= 3 else medium if len(typed) <= 6 else far
+        reach = self._reach(typed)
         if reach == 1:  # a few hundred lookups beat a scan of the vocabulary
             near_words = [(w, 1) for w in _one_edit(typed, self.letters) if w in self.unigrams]
         elif reach <= INDEX_DEPTH and len(typed) + reach <= INDEX_LONGEST:
@@ -196,7 +194,7 @@ class NoisyChannel:
                               typed, self.by_length.get(length, ()), scorer=OSA.distance,
                               score_cutoff=reach, limit=None)]
         found = sorted((distance, -self.unigrams[word], word) for word, distance in near_words
-                       if not _same_word(typed, word))
+                       if self._may_mean(typed, word))
         prior = self._prior(typed)
         scored = {word: self.channel(typed, word) + prior
                   for _, _, word in found[:MAX_CANDIDATES]}
@@ -229,6 +227,34 @@ class NoisyChannel:
         prior = self.parameters.p_real_word if both_known else self.parameters.p_typo
         return word, math.log(prior) + self.space
 
+    def _may_mean(self, typed: str, word: str) -> bool:
+        """Whether `word` may be what `typed` was meant to be: not the word itself or its
+        plural or singular (`_same_word`), and, for words typed with a hyphen between them, a
+        word of as many parts, each within its own reach. Such parts were typed apart on
+        purpose: a typo inside one is corrected ("wi-fu", "wi-fi"), but the hyphen is no typo
+        ("usb-c" became "usb", two deletions from a common word, and "e-mail" "email"), and
+        a part that is a word is changed as a known word is, by one edit ("a-ha" became
+        "a-yo")."""
+        if _same_word(typed, word):
+            return False
+        typed_parts = typed.strip("-").split("-")  # one at either end is a slip: "swift-"
+        if len(typed_parts) == 1 or not all(part in self.unigrams for part in typed_parts):
+            return True  # no hyphen between words: one inside a word is a slip ("weathe-r")
+        from rapidfuzz.distance import OSA
+
+        parts = word.split("-")
+        return len(parts) == len(typed_parts) and all(
+            OSA.distance(t, p) <= self._reach(t)
+            for t, p in zip(typed_parts, parts, strict=True) if t != p)
+
+    def _reach(self, typed: str) -> int:
+        """How many edits from `typed` its candidates may be: one for a word the catalog knows
+        (a real word typed for another: "form" for "from"), more for longer unknown words."""
+        if typed in self.unigrams:
+            return 1
+        near, medium, far = self.parameters.max_distance
+        return near if len(typed) <= 3 else medium if len(typed) <= 6 else far
+
     def _prior(self, typed: str) -> float:
         """log of a known typed word's typo prior against an unknown one's (0 if unknown)."""
         return math.log(self.parameters.p_real_word / self.parameters.p_typo) \
@@ -250,7 +276,7 @@ class NoisyChannel:
                     share[word] = fraction
         hits = [(word, int(distance)) for word, distance, _ in process.extract(
             typed, [w for w in share if w not in found], scorer=OSA.distance,
-            score_cutoff=CONTEXT_REACH, limit=None) if not _same_word(typed, word)]
+            score_cutoff=CONTEXT_REACH, limit=None) if self._may_mean(typed, word)]
         # Channel scores (an alignment each) for the few that lead on distance and share.
         hits.sort(key=lambda hit: -share[hit[0]] * 0.1 ** hit[1])
         prior = self._prior(typed)

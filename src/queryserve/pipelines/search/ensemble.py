@@ -34,6 +34,7 @@ from queryserve.api import (
     as_json,
     flag_parameter,
     integer_parameter,
+    normalized,
 )
 from queryserve.config import MAX_K, ModelConfig, SearchSteps
 from queryserve.errors import (
@@ -45,7 +46,7 @@ from queryserve.errors import (
 )
 from queryserve.model import AnyModel
 from queryserve.pipelines.search.catalog import CATALOGS
-from queryserve.pipelines.search.index import CatalogIndex, load_index
+from queryserve.pipelines.search.index import CatalogIndex, foreign_words, load_index
 from queryserve.scheduling.stats import ModelStats
 from queryserve.types import Array
 
@@ -63,12 +64,17 @@ class SearchPipeline:
         self.steps: SearchSteps = config.ensemble
         self.lookup = lookup
         self.indexes: dict[str, CatalogIndex] = {}
+        # Each catalog's words that only the other catalogs use. One corrector serves every
+        # catalog, and its language model learned all of them, so it may correct a products
+        # query to a song's words ("levi's jeans" became the song "levii's jeans").
+        self.foreign: dict[str, frozenset[str]] = {}
 
     def warmup(self) -> None:
         """Every catalog's index into memory (vectors and HNSW graph: about 80 MB); loaded on
         the first search instead, they would make that search slow."""
         for catalog in CATALOGS:
             self.indexes[catalog] = load_index(self.steps.index, catalog)
+        self.foreign = foreign_words(self.indexes)
 
     def ready(self) -> bool:
         """Every step fits its place (`misfit`), and is loaded and ready. The fit first: a step
@@ -175,7 +181,7 @@ class SearchPipeline:
                 first = fixed.corrections[0]
                 corrected, changed, score = first.corrected, first.changed, first.score
                 timings["spell"] = _ms(started)
-        searched = corrected if score is not None and score >= self.steps.min_score else query
+        searched = corrected if self._applies(query, corrected, score, index) else query
         intent = (asyncio.ensure_future(self._intent(searched, timeout_s, skipped))
                   if self.steps.intent else None)
         try:
@@ -203,6 +209,16 @@ class SearchPipeline:
                      for item, similarity in found],
             timings_ms={name: round(ms, 3) for name, ms in timings.items()},
             skipped=skipped)
+
+    def _applies(self, query: str, corrected: str, score: float | None,
+                 index: CatalogIndex) -> bool:
+        """Whether the search is for the correction rather than the query as typed: it is
+        sure enough (`min_score`), and it brings no word that only another catalog uses.
+        Otherwise it is only offered ("did you mean")."""
+        if score is None or score < self.steps.min_score:
+            return False
+        brought = set(corrected.split()).difference(normalized(query).split())
+        return brought.isdisjoint(self.foreign.get(index.catalog, ()))
 
     async def _intent(self, text: str, timeout_s: float | None,
                       skipped: list[str]) -> tuple[Label | None, float]:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from queryserve.api import normalized
 from queryserve.errors import ConfigError
 from queryserve.pipelines.search.catalog import CATALOGS, Item
 from queryserve.types import Array
@@ -59,6 +60,7 @@ class CatalogIndex:
     items: list[Item]
     vectors: Array
     ann: Any  # faiss.IndexHNSWFlat
+    words: frozenset[str] = frozenset()  # of the items' texts, as the corrector reads them
 
     def search(self, query: Array, k: int) -> list[tuple[Item, float]]:
         """The ANN index's k nearest items by cosine, most similar first."""
@@ -78,6 +80,13 @@ class CatalogIndex:
         """The ANN index's k nearest row indices per query (for recall against `exact`)."""
         rows: Array = self.ann.search(queries.astype(np.float32), k)[1]
         return rows
+
+
+def foreign_words(indexes: Mapping[str, CatalogIndex]) -> dict[str, frozenset[str]]:
+    """Each catalog's foreign words: those only the other catalogs use."""
+    return {catalog: frozenset().union(*(other.words for name, other in indexes.items()
+                                         if name != catalog)) - index.words
+            for catalog, index in indexes.items()}
 
 
 def load_faiss() -> Any:
@@ -114,4 +123,5 @@ def load_index(folder: Path, catalog: str) -> CatalogIndex:
     vectors = np.load(out / "vectors.npy")
     ann = load_faiss().read_index(str(out / ANN_FILE))
     ann.hnsw.efSearch = EXPANSION_SEARCH  # not kept in the file
-    return CatalogIndex(catalog, items, vectors, ann)
+    words = frozenset(w for item in items for w in normalized(item.text).split())
+    return CatalogIndex(catalog, items, vectors, ann, words)
