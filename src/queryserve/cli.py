@@ -71,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "batch" and not any(e.startswith("-") for e in extra):
+        # Paths after an option (`batch duplicates IN IN2 --one-to-one OUT`): argparse takes
+        # positionals in one run only, and OUT was "unrecognized".
+        args.paths += [Path(e) for e in extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -101,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     except QueryServeError as exc:
         print(f"queryserve: error: {exc.message}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # what was cut short says what is kept, if any
+        print(f"queryserve: interrupted{f'; {interrupt}' if str(interrupt) else ''}",
+              file=sys.stderr)
         return 130
     return 0
 

@@ -31,9 +31,14 @@ def quiet_logs() -> None:
 
 
 def progress_bar(enabled: bool) -> Progress:
+    """On stderr: stdout is the command's result (a batch job's summary went to a file
+    behind the bar's last frame, and `jq` could not read it)."""
+    from rich.console import Console
+
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[status]}"), disable=not enabled)
+                    TextColumn("{task.fields[status]}"), console=Console(stderr=True),
+                    disable=not enabled)
 
 
 def milestone(display: Progress, task: TaskID, status: str) -> None:

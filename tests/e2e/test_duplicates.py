@@ -354,7 +354,7 @@ def whole_run(tables: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
     result = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    summary = json.loads(result.stdout)  # stdout is the summary alone, for a script to read
     assert summary["complete"] and summary["products"] == [200, 600]
     assert summary["neighbour_pairs"] < 200 * 600 / 10  # blocking: never all the pairs
     # The cross-encoder scores only the pairs the bi-encoder finds likely (--prefilter).
@@ -390,7 +390,7 @@ def test_the_bi_encoder_alone_scores_every_neighbour_pair(
     result = subprocess.run(_batch(*tables, out, "--model", REPOSITORY / "duplicates-bi"),
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    summary = json.loads(result.stdout)
     assert summary["candidate_pairs"] == summary["neighbour_pairs"]
     assert len(_rows(out)) > 0
     cross = subprocess.run(_batch(tables[0], tmp_path / "o.parquet", "--blocking",
@@ -413,6 +413,16 @@ def test_one_to_one_keeps_each_products_likeliest_match(
     assert {(a, b) for a, b, _ in kept} <= before
     for a, b, p in kept:  # each kept pair is both products' likeliest duplicate
         assert p == max(q for x, y, q, d in every if d and (x == a or y == b))
+    # By default the output holds the duplicates only (it kept the pairs --one-to-one turned
+    # down, as duplicate=False); the output may come after an option (it was "unrecognized").
+    alone = tmp_path / "alone.parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "queryserve", "batch", "duplicates", "--model",
+         str(REPOSITORY / "duplicates"), *map(str, tables), "--one-to-one", "--part-size", "50",
+         "--no-progress", "--blocking", str(REPOSITORY / "duplicates-bi"), str(alone)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert [(a, b) for a, b, _, duplicate in _rows(alone)] == [(a, b) for a, b, _ in kept]
     one = subprocess.run(_batch(tables[0], tmp_path / "o.csv", "--one-to-one"),
                          capture_output=True, text=True, cwd=ROOT)
     assert one.returncode == 1 and "across two tables" in one.stderr
@@ -423,7 +433,7 @@ def test_a_stopped_job_resumes_to_the_same_rows(whole_run: Path, tables: tuple[P
     out = tmp_path / "pairs.parquet"
     first = subprocess.run(_batch(*tables, out, "--part-size", "50", "--max-parts", "2"),
                            capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert first.returncode == 0 and "run the same command again" in first.stdout
+    assert first.returncode == 0 and "run the same command again" in first.stderr
     assert not out.exists() and len(list(out.with_name("pairs.parquet.parts").glob(
         "part-*.parquet"))) == 2
     other = subprocess.run(_batch(*tables, out, "--part-size", "49"), capture_output=True,
@@ -436,7 +446,7 @@ def test_a_stopped_job_resumes_to_the_same_rows(whole_run: Path, tables: tuple[P
     second = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert second.returncode == 0, second.stderr
-    assert json.loads(second.stdout[second.stdout.index("{"):])["resumed"]
+    assert json.loads(second.stdout)["resumed"]
     assert _rows(out) == _rows(whole_run)
     again = subprocess.run(_batch(*tables, out), capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
@@ -458,6 +468,34 @@ def test_a_killed_job_resumes_without_lost_or_duplicated_rows(
     finally:
         job.wait(30)
     assert not out.exists(), "killed after the first part, before the end"
+    result = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
+                            text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert _rows(out) == _rows(whole_run)
+
+
+def test_two_ctrl_c_at_once_exit_130_and_the_job_resumes(
+        whole_run: Path, tables: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two SIGINTs together (a Ctrl-C that `timeout` or a wrapper passes on as well): the
+    second landed while the model closed, and the process aborted (exit 134, "terminate
+    called without an active exception") in 5 runs of 5."""
+    out = tmp_path / "pairs.parquet"
+    parts = out.with_name("pairs.parquet.parts")
+    job = subprocess.Popen(_batch(*tables, out, "--part-size", "50"), cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(parts.glob("part-*.parquet")) and time.monotonic() < deadline:
+            assert job.poll() is None, "the job ended before it could be interrupted"
+            time.sleep(0.01)
+        job.send_signal(signal.SIGINT)
+        job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 130, stderr
+    assert stderr.strip().endswith("queryserve: interrupted; the parts scored are kept; run "
+                                   "the same command again to go on")
     result = subprocess.run(_batch(*tables, out, "--part-size", "50"), capture_output=True,
                             text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
@@ -487,7 +525,13 @@ def test_csv_output_and_bad_tables(whole_run: Path, tables: tuple[Path, Path],
                         ((tmp_path / "none.csv", tmp_path / "o.csv"), "does not exist"),
                         ((tables[0], tmp_path / "o.xlsx"), "must be .parquet or .csv"),
                         ((tables[0], tmp_path / "o.csv", "--threshold", "1.5"),
-                         "--threshold must be a probability from 0 to 1")]:
+                         "--threshold must be a probability from 0 to 1"),
+                        # Misspelt, the column stayed in the texts without a word.
+                        ((tables[0], tmp_path / "o.csv", "--ignore-column", "descripton"),
+                         "--ignore-column 'descripton': no input has that column"),
+                        # An output that cannot be written was a traceback.
+                        ((tables[0], bad / "o.csv"), "o.csv.parts: Not a directory; choose an "
+                                                     "OUTPUT in a writable folder")]:
         refused = subprocess.run(_batch(*args), capture_output=True, text=True, cwd=ROOT)
         assert refused.returncode == 1 and words in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr

@@ -130,6 +130,49 @@ def test_tables_in_any_format(tmp_path: Path) -> None:
             read_products(tmp_path / name)
 
 
+def test_tables_as_spreadsheets_and_exporters_write_them(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Excel's "CSV UTF-8" begins with a byte-order mark; the id column spelled another way:
+    # the ids had become row numbers, with exit 0 (and a BOM before "title" was "not UTF-8").
+    for name, text in (("bom.csv", "\ufeffid,name\nsku-1,ipod\nsku-2,zune\n"),
+                       ("bom_title.csv", "\ufefftitle,id\nipod,sku-1\nzune,sku-2\n"),
+                       ("Id.csv", "Id|Name\nsku-1|ipod\nsku-2|zune\n"),
+                       ("space.csv", "name, id\nipod, sku-1\nzune, sku-2\n"),
+                       ("bom.jsonl", '\ufeff{"id": "sku-1", "title": "ipod"}\n'
+                                     '{"id": "sku-2", "title": "zune"}\n')):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        assert read_products(tmp_path / name).ids == ["sku-1", "sku-2"], name
+    # An unclosed quote ran over every later row (40 rows read as 6 products, exit 0), and a
+    # separator in an unquoted title cut it there: both refused, naming the record's line.
+    (tmp_path / "quote.csv").write_text('id|name\n1|ipod\n2|"zune 4gb\n3|kindle\n4|nook\n')
+    with pytest.raises(DuplicatesError, match=r"quote\.csv:3: not a readable CSV record"):
+        read_products(tmp_path / "quote.csv")
+    (tmp_path / "commas.csv").write_text("id,name,price\n0,ipod nano, 8gb, silver,99\n")
+    with pytest.raises(DuplicatesError, match=r"commas\.csv:2: 5 fields where the header has "
+                                              r"3; quote a field that holds the separator ','"):
+        read_products(tmp_path / "commas.csv")
+    # What stays readable: inches in a title, a quoted separator or line break, a row ending
+    # in an empty field the header lacks.
+    (tmp_path / "fine.csv").write_text('id,name\n1,tv 42" hd\n2,"zune, 4gb\nblack"\n3,nook,\n')
+    assert read_products(tmp_path / "fine.csv").texts == ['tv 42" hd', "zune, 4gb black", "nook"]
+    # Parquet strings written as bytes (no UTF-8 annotation) are text; objects are refused.
+    pq.write_table(pa.table({"id": pa.array([b"sku-1"], pa.binary()),
+                             "title": pa.array([b"ipod"], pa.binary())}), tmp_path / "b.parquet")
+    products = read_products(tmp_path / "b.parquet")
+    assert (products.ids, products.texts) == (["sku-1"], ["ipod"])
+    (tmp_path / "object.jsonl").write_text('{"id": "1", "title": {"text": "ipod"}}\n')
+    with pytest.raises(DuplicatesError, match="row 0 \\(from 0\\), column 'title' holds a JSON "
+                                              "object; expected text or a number"):
+        read_products(tmp_path / "object.jsonl")
+    # A night with no pairs keeps the columns' types (they were null).
+    write_pairs(tmp_path / "none.parquet", {"left_id": [], "right_id": [], "probability": [],
+                                            "duplicate": []})
+    assert [str(t) for t in pq.read_schema(tmp_path / "none.parquet").types] == [
+        "string", "string", "double", "bool"]
+
+
 def test_blocking_keeps_neighbours_and_shared_model_numbers() -> None:
     rng = np.random.default_rng(0)
     left = rng.normal(size=(5, 8)).astype(np.float32)

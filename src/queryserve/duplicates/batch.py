@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -149,8 +150,9 @@ def scoring_model(model: Path) -> tuple[bool, float]:
     from queryserve.config import load_model_config
 
     if not (model / "model.yaml").is_file():
-        raise DuplicatesError(f"{model} is not a prepared duplicates model (no model.yaml); run "
-                              "`queryserve prepare`")
+        raise DuplicatesError(f"{_where(model)} is not a prepared duplicates model (no "
+                              "model.yaml); run `queryserve prepare` in the checkout, or pass "
+                              "--model")
     config = load_model_config(model / "model.yaml")
     if config.parameter("encoder", "bi") == "cross":
         return True, config.parameter("threshold", 0.5)
@@ -158,6 +160,13 @@ def scoring_model(model: Path) -> tuple[bool, float]:
         raise DuplicatesError(f"{model} is neither a cross-encoder (`encoder: cross`) nor a "
                               "bi-encoder with its head.npz; run `queryserve prepare`")
     return False, PairHead.load(model).threshold
+
+
+def _where(folder: Path) -> str:
+    """A folder as a message names it: a relative one with where it was looked for (the
+    defaults are relative, and a nightly job started in another folder was told to prepare
+    models that were prepared)."""
+    return str(folder) if folder.is_absolute() else f"{folder} (in {Path.cwd()})"
 
 
 def one_to_one(pairs: dict[str, list[Any]]) -> list[bool]:
@@ -177,8 +186,13 @@ def one_to_one(pairs: dict[str, list[Any]]) -> list[bool]:
             for i, (a, b, _, d) in enumerate(rows)]
 
 
+def _to_stderr(line: str) -> None:
+    """What the job says as it goes: stdout is its summary, for a script to read."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = BatchOptions(),
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = _to_stderr) -> dict[str, Any]:
     """Run (or resume) the job; returns its summary. Raises DuplicatesError on bad input."""
     if not 1 <= len(inputs) <= 2:
         raise DuplicatesError("give one product table (duplicates within it) or two "
@@ -191,16 +205,26 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         raise DuplicatesError("--one-to-one matches across two tables; give two inputs")
     if options.block_k < 1 or options.part_size < 1:
         raise DuplicatesError("--block-k and --part-size must be positive")
+    if options.max_parts is not None and options.max_parts < 0:
+        raise DuplicatesError(f"--max-parts must be 0 or more, got {options.max_parts}")
     for name, value in (("--threshold", options.threshold),
                         ("--min-probability", options.min_probability),
                         ("--prefilter", options.prefilter)):
         if value is not None and not 0 <= value <= 1:
             raise DuplicatesError(f"{name} must be a probability from 0 to 1, got {value}")
     work = output.with_name(output.name + ".parts")
+    done = output.with_name(output.name + ".parts.done")
+    if done.exists():  # a finished job's work folder, its removal cut short
+        shutil.rmtree(done)
     if output.exists() and not work.exists():
         raise DuplicatesError(f"{output} already exists; remove it or choose another output")
     # Bad tables are refused before any work, and before the models: what the user typed first.
     tables = [read_products(p, options.ignore_columns) for p in inputs]
+    columns = frozenset().union(*(products.columns for products in tables))
+    for name in options.ignore_columns:  # misspelt, it left the column in, without a word
+        if column_name(name) not in columns:
+            raise DuplicatesError(f"--ignore-column {name!r}: no input has that column (they "
+                                  f"have {', '.join(sorted(columns))})")
     for products in tables:
         if left_out := products.without_text:
             log(f"{products.path}: {len(left_out):,} row(s) with no title or other text left "
@@ -209,8 +233,9 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
     if not cross:  # a bi-encoder blocks for itself and scores every neighbour pair (cheaply)
         options = replace(options, blocking=options.model, prefilter=0.0)
     if not (options.blocking / HEAD).is_file() or not (options.blocking / "model.yaml").is_file():
-        raise DuplicatesError(f"{options.blocking} is not a prepared blocking model (model.yaml "
-                              "and head.npz); run `queryserve prepare`")
+        raise DuplicatesError(f"{_where(options.blocking)} is not a prepared blocking model "
+                              "(model.yaml and head.npz); run `queryserve prepare` in the "
+                              "checkout, or pass --blocking")
     threshold = model_threshold if options.threshold is None else options.threshold
     minimum = threshold if options.min_probability is None else options.min_probability
     job = Job(work, options.model, options.blocking, cross, len(inputs), options.part_size,
@@ -224,7 +249,7 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
         raise DuplicatesError(f"{work} holds the parts of a different job (other inputs, model "
                               "or settings); remove it to start again, or rerun the same job")
     _save_json(recorded, fingerprint)
-    resumed = any(work.glob("part-*.parquet"))
+    resumed = any(work.glob("part-*.parquet")) or any(work.glob("embeddings-*.npy"))
     with progress_bar(options.progress) as display:
         t = time.perf_counter()
         vectors = [_embed(job, n, products, display) for n, products in enumerate(tables)]
@@ -266,8 +291,14 @@ def run_batch(inputs: Sequence[Path], output: Path, options: BatchOptions = Batc
             joined[column].extend(values)
     if options.one_to_one:
         joined["duplicate"] = one_to_one(joined)
+        if options.min_probability is None:  # the duplicates only, as without --one-to-one
+            joined = {c: [v for v, d in zip(values, joined["duplicate"], strict=True) if d]
+                      for c, values in joined.items()}
     write_pairs(output, joined)
-    shutil.rmtree(work)
+    # Renamed first: removed in place and cut short, it held the output's parts without
+    # blocked.json, and every rerun failed reading it.
+    os.replace(work, done)
+    shutil.rmtree(done)
     timings["join_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - started
     duplicates = sum(bool(d) for d in joined["duplicate"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 
 from queryserve.arguments import count, folder_to_write, positive
@@ -180,6 +181,17 @@ def run_batch_command(args: argparse.Namespace) -> None:
 
     try:
         summary = run_batch(args.paths[:-1], args.paths[-1], options)
+    except KeyboardInterrupt:
+        # Once: a second Ctrl-C (or `timeout` passing one on to its child) landed while the
+        # model closed, the interpreter exited with ONNX Runtime still running a batch on its
+        # thread, and the process aborted (exit 134, "terminate called ...").
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt("the parts scored are kept; run the same command again to "
+                                "go on") from None
+    except OSError as error:  # the disk's, not the data's: one line, and the job resumes
+        raise DuplicatesError(f"{error.filename or args.paths[-1]}: {error.strerror or error}; "
+                              "choose an OUTPUT in a writable folder with room (a job cut "
+                              "short goes on when the same command is run again)") from None
     finally:
         close_models()
     print(json.dumps(summary, indent=2))

@@ -27,6 +27,9 @@ TITLE_COLUMNS = ("title", "name", "product_name", "product")
 BRAND_COLUMNS = ("brand", "manufacturer", "maker")
 MODEL_COLUMNS = ("modelno", "model", "model_number", "mpn", "sku")
 DESCRIPTION_COLUMNS = ("description", "desc")
+ID_COLUMN = "id"  # a product's id: in any case, with spaces around it, as the others
+READ_COLUMNS = frozenset((ID_COLUMN, *TITLE_COLUMNS, *BRAND_COLUMNS, *MODEL_COLUMNS,
+                          *DESCRIPTION_COLUMNS))
 
 
 class DuplicatesError(QueryServeError):

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from queryserve.duplicates.products import (
+    ID_COLUMN,
+    READ_COLUMNS,
     TITLE_COLUMNS,
     DuplicatesError,
     column_name,
@@ -35,6 +37,8 @@ class Products:
     texts: list[str]
     without_text: list[str]
     """The ids of the rows left out: they hold no text."""
+    columns: frozenset[str] = frozenset()
+    """The table's column names, as matched (`column_name`)."""
 
 
 def _rows(path: Path) -> list[dict[str, object]]:
@@ -58,22 +62,46 @@ def _rows(path: Path) -> list[dict[str, object]]:
                     raise DuplicatesError(f"{path}:{number}: expected a JSON object per line")
                 rows.append(row)
         return rows
-    text = _text(path)  # not UTF-8: refused, not read with its bytes replaced
-    header = text.split("\n", 1)[0]
-    separator = max(SEPARATORS, key=header.count)
-    csv.field_size_limit(MAX_FIELD_CHARS)  # the default, 128 KiB, refused a long description
-    try:
-        return list(csv.DictReader(io.StringIO(text, newline=""), delimiter=separator))
-    except csv.Error as error:
-        raise DuplicatesError(f"{path}: not a readable CSV table ({error})") from None
+    return _csv_rows(path, _text(path))  # not UTF-8: refused, not read with bytes replaced
 
 
 MAX_FIELD_CHARS = 64 * 1024 * 1024
 
 
+def _csv_rows(path: Path, text: str) -> list[dict[str, object]]:
+    """The rows of a CSV table, its separator found from the header. Strict: read leniently,
+    a quote that opens a field and never closes ran on over every later row, and 40 rows
+    were read as 6 products with exit 0; a separator inside an unquoted title cut the title
+    there and dropped the rest. Either is refused, naming the line the record starts on."""
+    separator = max(SEPARATORS, key=text.split("\n", 1)[0].count)
+    csv.field_size_limit(MAX_FIELD_CHARS)  # the default, 128 KiB, refused a long description
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=separator, strict=True)
+    rows: list[dict[str, object]] = []
+    start = 1
+    try:
+        header = next(reader, [])
+        start = reader.line_num + 1
+        for fields in reader:
+            if any(field.strip() for field in fields[len(header):]):
+                raise DuplicatesError(
+                    f"{path}:{start}: {len(fields)} fields where the header has "
+                    f"{len(header)}; quote a field that holds the separator {separator!r}")
+            if fields:  # a blank line is no row
+                rows.append(dict(zip(header, fields, strict=False)))
+            start = reader.line_num + 1
+    except csv.Error as error:
+        raise DuplicatesError(
+            f"{path}:{start}: not a readable CSV record ({error}): a field that opens a quote "
+            "(\") must close it just before a separator or the line's end; quote the whole "
+            "field and double the quotes inside it") from None
+    return rows
+
+
 def _text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        # With or without the byte-order mark Excel's "CSV UTF-8" begins with: kept, it was
+        # part of the first column's name, and an `id` column went unread.
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as error:
         line = path.read_bytes()[:error.start].count(b"\n") + 1
         raise DuplicatesError(f"{path}:{line}: not UTF-8 text ({error.reason}); save the table "
@@ -90,12 +118,13 @@ def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
     rows = _rows(path)
     if not rows:
         raise DuplicatesError(f"{path} holds no products")
+    columns = frozenset(column_name(k) for k in rows[0])
+    rows = [_readable(path, number, row) for number, row in enumerate(rows)]
     if ignore:
         left_out = {column_name(name) for name in ignore}
         rows = [{k: v for k, v in row.items() if column_name(k) not in left_out}
                 for row in rows]
-    columns = {column_name(k) for k in rows[0]}
-    if not columns & set(TITLE_COLUMNS):
+    if not {column_name(k) for k in rows[0]} & set(TITLE_COLUMNS):
         if any("\ufffd" in name or not name.isprintable() for name in columns):
             raise DuplicatesError(f"{path} does not read as a text table (its first line is not "
                                   f"UTF-8 text): expected CSV, TSV, JSONL or Parquet")
@@ -106,9 +135,30 @@ def read_products(path: Path, ignore: Collection[str] = ()) -> Products:
     texts = [product_text(row) for row in rows]
     kept = [n for n, text in enumerate(texts) if text.strip()]
     if not kept:
-        raise DuplicatesError(f"{path} holds no product with a title or any text")
+        raise DuplicatesError(f"{path} holds no product with a title or any text (a CSV "
+                              "table's separator is found from its header: do its rows use "
+                              "the same one?)")
     return Products(path, [ids[n] for n in kept], [texts[n] for n in kept],
-                    [ids[n] for n, text in enumerate(texts) if not text.strip()])
+                    [ids[n] for n, text in enumerate(texts) if not text.strip()], columns)
+
+
+def _readable(path: Path, number: int, row: dict[str, object]) -> dict[str, object]:
+    """The row with the values the job reads as text: bytes (Parquet strings written without
+    their UTF-8 annotation) decoded, objects and lists (JSONL) refused. Read as they came,
+    ids were written `b'sku-19'` and titles read as Python's spelling of them."""
+    for key, value in row.items():
+        if isinstance(value, bytes | dict | list) and column_name(key) in READ_COLUMNS:
+            if not isinstance(value, bytes):
+                raise DuplicatesError(
+                    f"{path}: row {number} (from 0), column {key!r} holds a "
+                    f"{'JSON object' if isinstance(value, dict) else 'list'}; expected text "
+                    "or a number")
+            try:
+                row = {**row, key: value.decode("utf-8")}
+            except UnicodeDecodeError:
+                raise DuplicatesError(f"{path}: row {number} (from 0), column {key!r} holds "
+                                      "bytes that are not UTF-8 text") from None
+    return row
 
 
 def _ids(path: Path, rows: Sequence[Mapping[str, object]]) -> list[str]:
@@ -131,7 +181,7 @@ def _ids(path: Path, rows: Sequence[Mapping[str, object]]) -> list[str]:
 
 
 def _id(row: Mapping[str, object]) -> str:
-    value = row.get("id", row.get("ID"))
+    value = next((v for k, v in row.items() if column_name(k) == ID_COLUMN), None)
     return "" if value is None else str(value).strip()
 
 
@@ -142,7 +192,12 @@ def write_pairs(path: Path, columns: Mapping[str, Sequence[object]]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({k: list(v) for k, v in columns.items()}), temporary)
+        # Typed: with no pairs, the types inferred from empty columns were null, and a night
+        # without duplicates would not load into the table the others did.
+        types = {"left_id": pa.string(), "right_id": pa.string(),
+                 "probability": pa.float64(), "duplicate": pa.bool_()}
+        pq.write_table(pa.table({k: pa.array(list(v), type=types.get(k))
+                                 for k, v in columns.items()}), temporary)
     else:
         with temporary.open("w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)

@@ -169,7 +169,7 @@ def run_eval_command(args: argparse.Namespace) -> None:
     scores: list[Score] = []
     thresholded: list[Score] = []
     curves: list[Curve] = []
-    with progress_bar(args.progress and sys.stdout.isatty()) as display:
+    with progress_bar(args.progress and sys.stderr.isatty()) as display:
         for corrector in correctors:
             task = display.add_task(corrector.name, total=len(texts), status="")
             answers = answer(corrector, texts, partial(display.advance, task))
@@ -233,7 +233,7 @@ def run_hybrid_train_command(args: argparse.Namespace) -> None:
                               "model.bin); make one with `queryserve optimize TRAINED_FOLDER "
                               "--task seq2seq`")
     args.out.mkdir(parents=True, exist_ok=True)
-    with progress_bar(args.progress and sys.stdout.isatty()) as display:
+    with progress_bar(args.progress and sys.stderr.isatty()) as display:
         task = display.add_task("development queries", total=None, status="")
         weights, record = fit_reranker(
             args.development_seq2seq, args.data,
