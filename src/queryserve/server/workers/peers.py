@@ -40,7 +40,7 @@ from typing import Any
 
 from queryserve import errors
 from queryserve.errors import QueryServeError, ServeError, Unavailable
-from queryserve.repository import STARTED
+from queryserve.repository import STARTED, ChangeLocks
 from queryserve.server.snapshot import Snapshot
 from queryserve.server.state import ServerState
 
@@ -114,7 +114,7 @@ class Siblings:
     def __init__(self, seat: Seat) -> None:
         self.seat = seat
         self.others = [w for w in range(seat.workers) if w != seat.worker]
-        self._changes: dict[str, asyncio.Lock] = {}  # when this worker runs the changes
+        self._changes = ChangeLocks()  # when this worker runs the changes
 
     @property
     def worker(self) -> int:
@@ -168,7 +168,7 @@ class Siblings:
                 if isinstance(answer, BaseException):
                     raise answer
                 return
-        async with self._changes.setdefault(name, asyncio.Lock()):
+        async with self._changes.hold(name):
             stamp = os.urandom(8).hex()
             if action == "load":  # built everywhere at once
                 await _together(here(stamp), self._everywhere(action, name, stamp))
