@@ -321,15 +321,16 @@ def prepare_duplicates(repository: Path, force: bool = False,
     source = _trained_source(source_dir, "duplicates cross-encoder", "duplicates", "pair")
     from queryserve.optimize.gate import Decision
     from queryserve.optimize.plan import Plan
-    from queryserve.pipelines.pairs.cross import DUPLICATE
+    from queryserve.pipelines.pairs.cross import DUPLICATE, in_order
 
     trained = json.loads((source_dir / "TRAINING.json").read_text())
     hints = bool(trained["recipe"].get("hints", False))
     threshold = float(trained["threshold"])  # served, and where the gate checks the decision
 
     def shown(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Pairs as the model reads them (with their hints where it was trained with them)."""
-        return hinted(found) if hints else found
+        """Pairs as the served model reads them: in order, with their hints where it was
+        trained with them."""
+        return hinted(in_order(found)) if hints else in_order(found)
 
     def pairs(split: str) -> list[tuple[str, str]]:
         return shown(_spread([(p.left, p.right) for d in DATASETS for p in load_split(d, split)],

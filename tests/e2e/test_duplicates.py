@@ -289,6 +289,14 @@ def test_the_cross_encoder_tells_a_decisive_token(real_server: RunningServer) ->
     assert pairs[0] == ["apple ipod nano 8gb", "apple ipod touch 8gb"]
     threshold = json.loads((ROOT / "models/duplicates/TRAINING.json").read_text())["threshold"]
     assert answer.json()["threshold"] == threshold
+    # Either order is one pair: it scored 0.21 one way and 0.59 the other.
+    both = [["logitech mx518 mouse", "logitech mx-518 gaming mouse"],
+            ["logitech mx-518 gaming mouse", "logitech mx518 mouse"], *pairs,
+            *([b, a] for a, b in pairs)]
+    answer = httpx.post(f"{real_server.url}/v1/duplicates", timeout=30, json={"pairs": both})
+    probabilities = [r["probability"] for r in answer.json()["results"]]
+    assert probabilities[0] == pytest.approx(probabilities[1], abs=1e-6)
+    assert probabilities[2:4] == pytest.approx(probabilities[4:6], abs=1e-6)
 
 
 def test_bad_duplicates_requests_are_refused_in_words(served: RunningServer) -> None:
