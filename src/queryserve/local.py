@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +50,11 @@ class LocalModel(Generic[Res]):
         self._loop = asyncio.new_event_loop()
         self._turn = threading.Lock()  # the loop runs one request at a time
         self._pid = os.getpid()
+        # Released when nothing holds it any more, or at exit, if not closed before: each
+        # unclosed `open_model(...).infer(...)` kept an instance thread and its sessions
+        # (20 of them: 20 threads, +237 MB), and one left running at exit could abort it.
+        self._release = weakref.finalize(self, _release, model, self._loop, self._turn,
+                                         self._pid)
 
     def infer(self, inputs: Inputs) -> Res:
         """One request's answer; `inputs` checked as a front end checks a request's (a bare
@@ -113,11 +119,7 @@ class LocalModel(Generic[Res]):
             closing.join()
 
     def _close(self) -> None:
-        with self._turn:
-            if not self._loop.is_closed() and os.getpid() == self._pid:
-                # On the loop: a model that never ran a request has no loop of its own yet.
-                self._loop.run_until_complete(_closed(self.model))
-                self._loop.close()
+        self._release()  # once: a finalizer runs at most once
 
     def __enter__(self) -> LocalModel[Res]:
         return self
@@ -192,6 +194,16 @@ def _rows(given: object, name: str) -> list[object]:
         raise InvalidInput(f"Inputs.{name} must be a list of texts, e.g. [\"play some jazz\"]; "
                            f"got a {type(given).__name__}")
     return list(np.ravel(given)) if isinstance(given, np.ndarray) else list(given)
+
+
+def _release(model: Model[Any], loop: asyncio.AbstractEventLoop, turn: threading.Lock,
+             pid: int) -> None:
+    """A `LocalModel`'s closing, which must not hold the `LocalModel` (its finalizer)."""
+    with turn:
+        if not loop.is_closed() and os.getpid() == pid:
+            # On the loop: a model that never ran a request has no loop of its own yet.
+            loop.run_until_complete(_closed(model))
+            loop.close()
 
 
 async def _closed(model: Model[Any]) -> None:

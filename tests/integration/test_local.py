@@ -101,6 +101,25 @@ def test_a_model_is_closed_from_async_code_and_refused_after_a_fork(tmp_path: Pa
     assert "opened in another process" in said
 
 
+def test_a_model_nobody_holds_is_released(tmp_path: Path) -> None:
+    """`open_model(...).infer(...)` on one line, unclosed: each kept its instance thread and
+    sessions for the process's life (20 of them: 20 threads, +237 MB)."""
+    import gc
+
+    write_fake_model(tmp_path, "fake")
+    threads = threading.active_count()
+    for _ in range(5):
+        open_model(tmp_path / "fake", Embeddings, threads=1).infer(Inputs(["jazz"]))
+    gc.collect()
+    assert threading.active_count() == threads
+    model = open_model(tmp_path / "fake", Embeddings, threads=1)
+    model.infer(Inputs(["jazz"]))
+    model.close()
+    model.close()  # twice is once
+    with pytest.raises(QueryServeError, match="the model is closed"):
+        model.infer(Inputs(["jazz"]))
+
+
 def _infer_in_child(model: object, answer: Any) -> None:
     try:
         model.infer(Inputs(["jazz"]))  # type: ignore[attr-defined]
