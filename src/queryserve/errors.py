@@ -106,6 +106,11 @@ class Unavailable(QueryServeError):
         self.retry_after_s = retry_after_s
 
 
+class Retired(Unavailable):
+    """The model was taken out of service (unloaded, or replaced by a reload) before the
+    request was queued on it."""
+
+
 class Overloaded(Unavailable):
     """The model's queue is full: admission control rejected the request (Triton's answer)."""
 

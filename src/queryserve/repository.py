@@ -238,6 +238,7 @@ class ModelRepository:
             log.info("model '%s' ready: %d instance(s) x %d thread(s), backend %s", model.name,
                      model.config.instance_group.count, model.threads, model.config.backend)
         if previous is not None:
+            previous.replaced_by = model  # a request it can no longer queue goes there
             self._retire(previous)
 
     def _changing(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:

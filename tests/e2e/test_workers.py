@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -557,6 +558,46 @@ def test_a_load_and_an_unload_at_once_leave_the_workers_agreeing(tmp_path: Path)
                                     ).status_code for client in (one, other)}
             assert len(statuses) == 1, (statuses, server.log_text())  # one server
             assert one.post("/v2/repository/models/slow/load").status_code == 200
+    finally:
+        for client in clients.values():
+            client.close()
+        stop_server(server)
+
+
+def test_a_load_whose_client_leaves_is_done_in_both_workers(tmp_path: Path) -> None:
+    """Regression (the state walk): a load whose client gave up (a timeout, a gRPC deadline)
+    was cancelled with its request after the build, before the swap; the other worker
+    installed it, and the two served two versions, both READY, until the next load."""
+    def configure(queue: int) -> None:
+        shutil.rmtree(tmp_path / "slow", ignore_errors=True)
+        write_fake_model(tmp_path, "slow", max_queue_size=queue, delay_ms=300)
+        with (tmp_path / "slow" / "model.yaml").open("a") as config:
+            config.write("model_warmup: [{name: one, batch_size: 1, text: warm}]\n")
+
+    write_fake_model(tmp_path, "fast")
+    configure(64)
+    server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
+    clients: dict[str, httpx.Client] = {}  # a keep-alive connection to each worker
+    try:
+        while len(clients) < 2:
+            client = httpx.Client(base_url=server.url, timeout=60)
+            process = client.post("/v2/models/fast/infer", json=infer_body("which")
+                                  ).headers["x-request-id"].split("-")[0]
+            if clients.setdefault(process, client) is not client:
+                client.close()
+        for queue, client in zip((65, 66), clients.values(), strict=True):  # each asks once
+            configure(queue)
+            with pytest.raises(httpx.TimeoutException):
+                client.post("/v2/repository/models/slow/load", timeout=0.1)  # builds 0.3 s
+            deadline = time.monotonic() + 20
+            while True:
+                seen = [c.get("/v2/models/slow/config").json()["dynamic_batching"][
+                    "default_queue_policy"]["max_queue_size"] for c in clients.values()]
+                if seen == [queue, queue] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert seen == [queue, queue], server.log_text()
+        assert "left; the load goes on" in server.log_text()
     finally:
         for client in clients.values():
             client.close()

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from queryserve.api import Corrections, Embeddings, Inputs
-from queryserve.errors import InvalidInput, ModelFailed, QueryServeError
+from queryserve.errors import InvalidInput, ModelFailed, QueryServeError, Unavailable
 from queryserve.repository import ModelRepository
 from tests.conftest import minilm_dir, write_fake_model
 
@@ -85,4 +85,24 @@ async def test_an_unload_asked_during_a_reload_is_not_undone_by_it(tmp_path: Pat
             with pytest.raises(QueryServeError):
                 await change(name)
     assert len(repository._changes) == 0
+    await repository.close()
+
+
+async def test_a_request_a_reload_overtakes_is_answered_by_the_new_model(tmp_path: Path) -> None:
+    """A request of more than 32 texts is tokenized off the loop; a reload that swapped the
+    model in the meantime had it refused, 503 "unloading" (1 in 2 such requests during
+    back-to-back reloads), though the model was only replaced."""
+    write_fake_model(tmp_path, "swapped")
+    repository = ModelRepository(tmp_path, cores=1)
+    old = await repository.load("swapped")
+    new = await asyncio.to_thread(repository.build, "swapped")
+    texts = [f"text {i}" for i in range(40)]
+    asked = asyncio.ensure_future(old.answering(Embeddings, "this test").infer(Inputs(texts)))
+    await asyncio.sleep(0)  # the request is being tokenized on a thread
+    repository.install(new)
+    assert (await asked).vectors.shape == (40, 16)
+    assert new.stats.inference_count == 40
+    await repository.unload("swapped")  # unloaded, not replaced: refused
+    with pytest.raises(Unavailable, match="unloading"):
+        await new.answering(Embeddings, "this test").infer(Inputs(texts))
     await repository.close()

@@ -28,7 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from queryserve.backends import Backend
 from queryserve.config import DynamicBatching
-from queryserve.errors import ModelFailed, RequestTimeout, Unavailable
+from queryserve.errors import ModelFailed, RequestTimeout, Retired, Unavailable
 from queryserve.scheduling.batcher import Cut, DynamicBatcher, QueuedItem
 from queryserve.scheduling.stats import ModelStats, RequestWork
 from queryserve.types import Array
@@ -194,7 +194,7 @@ class Scheduler(Generic[P, R]):
         turn of a request already admitted (`admitted`) is never refused half-way.
         """
         if self._closed is not None and not admitted:
-            raise Unavailable(f"model '{self.model}' is unloading")
+            raise Retired(f"model '{self.model}' is unloading")
         loop = self._loop or self._bind_loop()
         now = self.clock()
         timeout_s = timeout_s if timeout_s is not None else self.default_timeout_s

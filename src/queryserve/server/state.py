@@ -8,9 +8,12 @@ the front ends read the rest.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol, TypeVar
 
 from queryserve.api import Inputs, decode_texts
@@ -29,6 +32,7 @@ from queryserve.server.snapshot import (
 from queryserve.server.tracing import Tracing
 
 T = TypeVar("T")
+log = logging.getLogger("queryserve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,8 @@ class ServerState:
     siblings: Siblings | None = None
     """With `--workers N`, the other workers: readiness, statistics and the repository's
     load and unload are the whole server's, whichever worker answers."""
+    changes: set[asyncio.Future[object]] = field(default_factory=set)
+    """Repository changes under way (`_to_the_end`)."""
 
     def ready(self) -> bool:
         return (not self.loading and not self.draining
@@ -158,16 +164,33 @@ class ServerState:
     async def load(self, name: str) -> None:
         """(Re)load a model here and in every sibling; answers when all have."""
         if self.siblings is None:
-            await self.repository.load(name)
+            await self._to_the_end("load", name, self.repository.load(name))
         else:
-            await self.siblings.change("load", name,
-                                       lambda stamp: self.repository.load(name, stamp))
+            await self._to_the_end("load", name, self.siblings.change(
+                "load", name, lambda stamp: self.repository.load(name, stamp)))
 
     async def unload(self, name: str) -> None:
         if self.siblings is None:
-            await self.repository.unload(name)
+            await self._to_the_end("unload", name, self.repository.unload(name))
         else:
-            await self.siblings.change("unload", name, lambda _: self.repository.unload(name))
+            await self._to_the_end("unload", name, self.siblings.change(
+                "unload", name, lambda _: self.repository.unload(name)))
+
+    async def _to_the_end(self, action: str, name: str, change: Awaitable[object]) -> None:
+        """`change` run to its end whatever its client does: a load whose client gave up (a
+        timeout, a gRPC deadline) was cancelled with its request, after the build and before
+        the swap, and with workers the others installed it: they served two versions until
+        the next load, each READY. The client that leaves loses only the answer."""
+        task = asyncio.ensure_future(change)
+        self.changes.add(task)
+        task.add_done_callback(self.changes.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            log.info("the client that asked to %s model '%s' left; the %s goes on", action,
+                     shown(name), action)
+            task.add_done_callback(partial(_said, action, name))
+            raise
 
     # -- what every route asks of the server: one place each -------------------------------
 
@@ -236,3 +259,14 @@ class ServerState:
             raise InvalidInput(f"'{where}' is empty; send at least one")
         return decode_texts(raw, where)
 
+
+def _said(action: str, name: str, change: asyncio.Future[object]) -> None:
+    """How a change whose client left ended, in the log: nobody else hears of it."""
+    if change.cancelled():
+        return
+    error = change.exception()
+    if error is None:
+        log.info("the %s of model '%s' its client left is done", action, shown(name))
+    else:
+        log.error("the %s of model '%s' its client left failed: %s", action, shown(name),
+                  error.message if isinstance(error, QueryServeError) else error)
