@@ -531,6 +531,17 @@ def test_a_replacement_says_why_a_model_failed_as_its_sibling_does(tmp_path: Pat
         stop_server(server)
 
 
+def one_client_per_worker(server: RunningServer, clients: dict[str, httpx.Client]) -> None:
+    """Fills `clients` with a keep-alive connection to each of two workers, by the process
+    its first answer names (a model `fast` answers it)."""
+    while len(clients) < 2:
+        client = httpx.Client(base_url=server.url, timeout=60)
+        process = client.post("/v2/models/fast/infer", json=infer_body("which")
+                              ).headers["x-request-id"].split("-")[0]
+        if clients.setdefault(process, client) is not client:
+            client.close()
+
+
 def test_a_load_and_an_unload_at_once_leave_the_workers_agreeing(tmp_path: Path) -> None:
     """Regression (the workers walk): each worker ran the change a client asked of it first,
     then had the other run it: a load and an unload asked at once ran in opposite orders in
@@ -542,12 +553,7 @@ def test_a_load_and_an_unload_at_once_leave_the_workers_agreeing(tmp_path: Path)
     server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
     clients: dict[str, httpx.Client] = {}  # a keep-alive connection to each worker
     try:
-        while len(clients) < 2:
-            client = httpx.Client(base_url=server.url, timeout=60)
-            process = client.post("/v2/models/fast/infer", json=infer_body("which")
-                                  ).headers["x-request-id"].split("-")[0]
-            if clients.setdefault(process, client) is not client:
-                client.close()
+        one_client_per_worker(server, clients)
         one, other = clients.values()
         for _ in range(4):
             with ThreadPoolExecutor(2) as pool:
@@ -579,12 +585,7 @@ def test_a_load_whose_client_leaves_is_done_in_both_workers(tmp_path: Path) -> N
     server = start_server(tmp_path, tmp_path / "server.log", *WORKERS)
     clients: dict[str, httpx.Client] = {}  # a keep-alive connection to each worker
     try:
-        while len(clients) < 2:
-            client = httpx.Client(base_url=server.url, timeout=60)
-            process = client.post("/v2/models/fast/infer", json=infer_body("which")
-                                  ).headers["x-request-id"].split("-")[0]
-            if clients.setdefault(process, client) is not client:
-                client.close()
+        one_client_per_worker(server, clients)
         for queue, client in zip((65, 66), clients.values(), strict=True):  # each asks once
             configure(queue)
             with pytest.raises(httpx.TimeoutException):
