@@ -535,6 +535,14 @@ def test_default_spell_model_fixes_a_typo_and_keeps_right_queries(real_server: R
         assert got == [("taylor swift", True), ("taylor swift", False),
                        ("play some jazz", False), ("sony turntable", False),
                        ("taylor swift", False)], model
+        # What a model cannot read is kept: the seq2seq, reading <unk>, answered "привет мир"
+        # with "#) $$5" and the emoji query with "play some jazz )".
+        unread = ["привет мир", "play some jazz 😀", "東京  天気"]
+        answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
+                            json={"queries": unread, "model": model})
+        got = [(c["corrected"], c["changed"]) for c in answer.json()["corrections"]]
+        assert got == [("привет мир", False), ("play some jazz 😀", False),
+                       ("東京 天気", False)], model
     # The channel corrects in context: the catalog searches "passion pit" after "sleepyhead".
     answer = httpx.post(f"{real_server.url}/v1/spell", timeout=30,
                         json={"queries": ["plae sleepyhead by pasion pit"]})
