@@ -41,8 +41,9 @@ def main() -> None:
     indexes = {catalog: load_index(steps.index, catalog) for catalog in CATALOGS}
     print("| catalog | queries | clean: applied (false) / of them stopped | misspelled: "
           "applied / right / stopped / stopped that were right |\n|---|---:|---:|---:|")
+    foreign_of = foreign_words(indexes)
     for catalog, index in indexes.items():
-        foreign = foreign_words(indexes)[catalog]
+        foreign = foreign_of[catalog]
         rng, typos = random.Random(0), TypoGenerator(1)
         texts = [t for item in rng.sample(index.items, min(args.items, len(index.items)))
                  if len((t := normalized(item.text)).split()) <= MAX_WORDS]

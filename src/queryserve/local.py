@@ -112,14 +112,11 @@ class LocalModel(Generic[Res]):
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            self._close()
+            self._release()  # once: a finalizer runs at most once
         else:
-            closing = threading.Thread(target=self._close, name="queryserve-close")
+            closing = threading.Thread(target=self._release, name="queryserve-close")
             closing.start()
             closing.join()
-
-    def _close(self) -> None:
-        self._release()  # once: a finalizer runs at most once
 
     def __enter__(self) -> LocalModel[Res]:
         return self

@@ -237,6 +237,8 @@ class NoisyChannel:
         "a-yo")."""
         if _same_word(typed, word):
             return False
+        if "-" not in typed:  # nearly every typed word: asked once per candidate
+            return True
         typed_parts = typed.strip("-").split("-")  # one at either end is a slip: "swift-"
         if len(typed_parts) == 1 or not all(part in self.unigrams for part in typed_parts):
             return True  # no hyphen between words: one inside a word is a slip ("weathe-r")
